@@ -1,0 +1,206 @@
+"""Launch a Case on a target, observe every buffer it may touch, and check it.
+
+observe()       materialize -> snapshot "before" -> target launch -> Observation
+check_oracle()  outputs, appended k/u/g and the folded checkpoint vs the float64 oracle
+                within the arm's tolerance (M1-M7)
+check_writes()  every element outside the launch's write set keeps its bits (M8, R2)
+
+Checks return Findings; they never print.  Comparisons stay on the device; only the
+per-(row, head) verdicts come back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .case import Case, materialize
+from .oracles import ring as ring_oracle
+from .targets import Target
+from .tolerances import table_for
+
+BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
+READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
+
+
+@dataclass
+class Finding:
+    """One way the target disagreed with the contract."""
+
+    prop: str  # property name, e.g. "oracle.y"
+    clause: str  # contract clause id, e.g. "M4"
+    message: str
+    row: int | None = None
+    head: int | None = None
+    value: float | None = None
+    tol: float | None = None
+
+    def key(self) -> tuple:
+        """What makes two findings 'the same failure' for deduplication."""
+        return (self.prop, self.clause)
+
+    def __str__(self) -> str:
+        where = "" if self.row is None else f" row {self.row}" + ("" if self.head is None else f" head {self.head}")
+        num = "" if self.value is None else f" (got {self.value:.3e}, allowed {self.tol:.3e})" if self.tol is not None else f" ({self.value})"
+        return f"[{self.clause}] {self.prop}{where}: {self.message}{num}"
+
+
+@dataclass
+class Observation:
+    case: Case
+    before: dict
+    after: dict
+    output: torch.Tensor | None
+    error: BaseException | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def snapshot(inputs: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
+            output: torch.Tensor | None = None) -> Observation:
+    """Run one launch.  Exceptions raised by the target are kept in the Observation."""
+    inputs = materialize(case, device) if inputs is None else inputs
+    before = snapshot(inputs)
+    kwargs = dict(inputs)
+    if output is not None:
+        kwargs["output"] = output
+    try:
+        out = target.launch(case.arm, **kwargs)
+        err = None
+    except Exception as e:  # the target's own exception, reported as a finding by the caller
+        out, err = None, e
+    return Observation(case=case, before=before, after=inputs, output=out, error=err)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit equality (NaN == NaN when the payloads match)."""
+    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.contiguous().view(itype) == y.contiguous().view(itype)
+
+
+def rel_to_magnitude(got, want, mag, dims):
+    """Per-slice ||got - want||_F / ||mag||_F over `dims`; inf where got is non-finite and want is finite."""
+    got = got.double()
+    err = (got - want).pow(2).sum(dims).sqrt()
+    den = mag.pow(2).sum(dims).sqrt()
+    r = err / den.clamp_min(1e-300)
+    return torch.where(den == 0, torch.where(err == 0, torch.zeros_like(err), torch.full_like(err, float("inf"))), r)
+
+
+def _worst(metric: torch.Tensor, live_rows: torch.Tensor):
+    """(row, head, value) of the worst (row, head) over live rows; metric [B, X]."""
+    m = metric.clone()
+    m[~live_rows] = -1.0
+    m = torch.nan_to_num(m, nan=float("inf"))
+    flat = int(torch.argmax(m).item())
+    r, h = divmod(flat, m.shape[1])
+    return r, h, float(m[r, h].item())
+
+
+def _nonfinite(t: torch.Tensor, dims) -> torch.Tensor:
+    x = ~torch.isfinite(t)
+    for d in sorted(dims, reverse=True):
+        x = x.any(d)
+    return x
+
+
+def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
+    b, case = obs.before, obs.case
+    scale = b.get("scale") or 1.0 / (case.K ** 0.5)
+    return ring_oracle.launch(
+        q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
+        pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
+        u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
+        flush_min=case.fmin, scale=scale)
+
+
+def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = None) -> list[Finding]:
+    """M1-M7: y, appended k/u/g and the fold against the float64 oracle, per (row, head)."""
+    case = obs.case
+    if obs.error is not None:
+        return [Finding("launch", "H*", f"a legal case raised {type(obs.error).__name__}: {obs.error}")]
+    e = expectation(obs) if e is None else e
+    tol = table_for(case.arm)
+    live = ~e.pad
+    findings: list[Finding] = []
+    idx = obs.before["initial_state_indices"].long().clamp(min=0)
+    B, T = e.slots.shape
+    rows_bt = idx[:, None].expand(B, T)
+
+    def compare(name, clause, got, want, mag, dims, live_mask):
+        bad_nf = _nonfinite(got.double(), dims)
+        metric = rel_to_magnitude(got, want, mag, dims)
+        metric = torch.where(bad_nf, torch.full_like(metric, float("inf")), metric)
+        r, h, val = _worst(metric, live_mask)
+        if val > tol[name].rtol:
+            what = "non-finite values" if val == float("inf") else "error / magnitude of its terms"
+            findings.append(Finding(f"oracle.{name}", clause, f"{what} above the {case.arm} tolerance "
+                                    f"({tol[name].source})", row=r, head=h, value=val, tol=tol[name].rtol))
+
+    if obs.output is not None:
+        # y: [B, T, HV, V] -> per (row, head) over (T, V)
+        compare("y", "M4", obs.output.permute(0, 2, 1, 3), e.y.permute(0, 2, 1, 3),
+                e.y_mag.permute(0, 2, 1, 3), (2, 3), live)
+    else:
+        findings.append(Finding("launch", "M8", "the entry point returned None instead of the output tensor"))
+    a = obs.after
+    # appends at (idx, head, slot(P+s)) -> [B, T, heads, dim]
+    k_got = a["k_cache"].permute(0, 2, 1, 3)[rows_bt, e.slots]  # [B, T, H, K]
+    u_got = a["u_cache"].permute(0, 2, 1, 3)[rows_bt, e.slots]  # [B, T, HV, V]
+    g_got = a["g_cache"].permute(0, 2, 1)[rows_bt, e.slots]  # [B, T, HV]
+    compare("k", "M5", k_got.permute(0, 2, 1, 3), e.k_app.permute(0, 2, 1, 3),
+            e.k_app.abs().permute(0, 2, 1, 3), (2, 3), live)
+    compare("u", "M5", u_got.permute(0, 2, 1, 3), e.u_app.permute(0, 2, 1, 3),
+            e.u_mag.permute(0, 2, 1, 3), (2, 3), live)
+    # g: max over tokens of |dG| / summed |g|  -> [B, HV]
+    g_err = ((g_got.double() - e.g_app).abs() / e.g_mag.clamp_min(1e-30))
+    g_err = torch.where(torch.isfinite(g_got), g_err, torch.full_like(g_err, float("inf"))).amax(1)
+    r, h, val = _worst(g_err, live)
+    if val > tol["g"].rtol:
+        findings.append(Finding("oracle.g", "M6", "appended cumulative log-decay differs from "
+                                + ("G_s (flush row: local restart at 0)" if bool(e.flush[r]) else "G_P + G_s (verify row)"),
+                                row=r, head=h, value=val, tol=tol["g"].rtol))
+    # fold: pool rows of flush rows
+    if bool(e.flush.any()):
+        compare("fold", "M7", a["initial_state_source"][idx], e.fold, e.fold_mag, (2, 3), e.flush)
+    return findings
+
+
+def check_writes(obs: Observation) -> list[Finding]:
+    """M8/R2: bits outside the write set are unchanged; read-only inputs are unchanged."""
+    case, b, a = obs.case, obs.before, obs.after
+    ws = ring_oracle.write_set(pool_size=case.pool, H=case.H, HV=case.HV, T=case.T,
+                               idx=b["initial_state_indices"], hist_len=b["hist_len"],
+                               cache_base=b["cache_base"], flush_min=case.fmin)
+    findings = []
+    for name, mask, clause in (("initial_state_source", ws.pool[..., None, None], "M8"),
+                               ("k_cache", ws.k_ring[..., None], "M5"),
+                               ("u_cache", ws.u_ring[..., None], "M5"),
+                               ("g_cache", ws.g_ring, "M5")):
+        changed = ~same_bits(b[name], a[name]) & ~mask
+        if bool(changed.any()):
+            where = changed.nonzero()[0].tolist()
+            findings.append(Finding("writes.outside", clause,
+                                    f"{name}{where} changed but lies outside the launch's write set "
+                                    f"({int(changed.sum())} elements)"))
+    for name in READ_ONLY:
+        if isinstance(b.get(name), torch.Tensor) and not bool(same_bits(b[name], a[name]).all()):
+            findings.append(Finding("writes.inputs", "M8", f"read-only input {name} was modified"))
+    if not case.restart_hist_on_flush:
+        for name in ("hist_len", "cache_base"):
+            if not torch.equal(b[name], a[name]):
+                findings.append(Finding("writes.cursors", "C1",
+                                        f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)"))
+    return findings
+
+
+def check_launch(target: Target, case: Case, device: str = "cpu") -> list[Finding]:
+    """The minimal per-launch property: oracle agreement plus the write set."""
+    obs = observe(target, case, device)
+    if obs.error is not None:
+        return check_oracle(obs)
+    return check_oracle(obs) + check_writes(obs)

@@ -1,0 +1,186 @@
+"""The ring model of one ReplaySSM launch, in float64 (contract M3, M5, M6, M7, M8).
+
+Per row b: idx = initial_state_indices[b] (negative: pad row), P = hist_len[b],
+base = cache_base[b], slot(j) = (base + j) & 31.  The checkpoint S0 = pool[idx, hv] and
+the window records (k_j, u_j, G_j) at slot(j), j < P, define the logical state
+
+    S_P = e^{G_P} S0 + sum_{j<P} e^{G_P - G_j} u_j k_j^T,     G_P := G_{P-1} (0 if P = 0)   (M3)
+
+The launch runs the T drafts from S_P (oracles.gdn.sequential), appends every draft's
+(k_hat, U, G) at slot(P + s) (M5) with G measured from the checkpoint the pool holds
+after the launch (M6), and on flush rows (P >= flush_min) stores S_P into the pool (M7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .gdn import gates, normalized_qk, sequential, sequential_magnitude
+
+RING_SLOTS = 32
+RING_MASK = RING_SLOTS - 1
+W_RING = 16
+
+
+def ring_slots(base, start: int, count: int):
+    """Physical ring slots (base + start + j) & 31 for j < count.  base: [B] -> [B, count]."""
+    j = torch.arange(start, start + count, device=base.device)
+    return (base.long()[:, None] + j[None, :]) & RING_MASK
+
+
+def gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV: int):
+    """M3: the window records of every row, masked to j < P.
+
+    k_cache [pool, H, 32, K], u_cache [pool, HV, 32, V], g_cache [pool, HV, 32];
+    idx, hist_len, cache_base: [B].  Pad rows (idx < 0) get an empty window.
+    Returns k [B, HV, 16, K], u [B, HV, 16, V], G [B, HV, 16], valid [B, 16] (float64;
+    masked entries are exactly 0, so poison outside the window cannot leak).
+    """
+    H = k_cache.shape[1]
+    P = hist_len.long()
+    if bool((P > W_RING).any()) or bool((P < 0).any()):
+        raise ValueError(f"hist_len must lie in [0, {W_RING}] for the ring model; got {P.tolist()}")
+    rows = idx.long().clamp(min=0)
+    valid = (torch.arange(W_RING, device=P.device)[None, :] < P[:, None]) & (idx.long() >= 0)[:, None]
+    slots = ring_slots(cache_base, 0, W_RING)  # [B, 16]
+    hv = torch.arange(HV, device=P.device)
+    kh = hv // (HV // H)
+    k = k_cache[rows[:, None, None], kh[None, :, None], slots[:, None, :]].double()  # [B, HV, 16, K]
+    u = u_cache[rows[:, None, None], hv[None, :, None], slots[:, None, :]].double()  # [B, HV, 16, V]
+    G = g_cache[rows[:, None, None], hv[None, :, None], slots[:, None, :]].double()  # [B, HV, 16]
+    m = valid[:, None, :]
+    zero = torch.zeros((), dtype=torch.float64, device=P.device)
+    k = torch.where(m[..., None], k, zero)
+    u = torch.where(m[..., None], u, zero)
+    G = torch.where(m, G, zero)
+    return k, u, G, valid
+
+
+def anchor(G, hist_len):
+    """M3: G_P = G_{P-1}, or 0 for an empty window.  G [B, HV, 16] -> [B, HV]."""
+    P = hist_len.long()
+    last = (P - 1).clamp(min=0)
+    GP = G.gather(2, last[:, None, None].expand(-1, G.shape[1], 1)).squeeze(2)
+    return torch.where((P > 0)[:, None], GP, torch.zeros_like(GP))
+
+
+def replay(S0, k, u, G, valid, hist_len):
+    """M3: S_P = e^{G_P} S0 + sum_j w_j u_j k_j^T with w_j = e^{G_P - G_j} on the window.
+
+    S0 [B, HV, V, K]; k, u, G, valid from gather_window.  Returns (S_P, GP, w) where S_P is
+    [B, HV, V, K] float64 and w [B, HV, 16] (0 outside the window).
+    """
+    GP = anchor(G, hist_len)
+    w = torch.where(valid[:, None, :], torch.exp(GP[..., None] - G), torch.zeros_like(G))
+    S = torch.exp(GP)[..., None, None] * S0.double() + torch.einsum("bhj,bhjv,bhjk->bhvk", w, u, k)
+    return S, GP, w
+
+
+@dataclass
+class LaunchExpectation:
+    """What one launch must produce, in float64, plus the magnitudes that bound rounding.
+
+    y, y_mag            [B, T, HV, V]   draft outputs (M4)
+    k_app               [B, T, H, K]    normalized keys appended per k-head (M5)
+    u_app, u_mag        [B, T, HV, V]   corrected updates appended (M5)
+    g_app, g_mag        [B, T, HV]      cumulative log-decay appended (M6), |terms| summed
+    slots               [B, T]          ring slot of draft s: (base + P + s) & 31
+    flush               [B]             rows that fold (P >= flush_min, idx >= 0)
+    pad                 [B]             rows with idx < 0
+    fold, fold_mag      [B, HV, V, K]   S_P, the value a flush row stores (M7)
+    """
+
+    y: torch.Tensor
+    y_mag: torch.Tensor
+    k_app: torch.Tensor
+    u_app: torch.Tensor
+    u_mag: torch.Tensor
+    g_app: torch.Tensor
+    g_mag: torch.Tensor
+    slots: torch.Tensor
+    flush: torch.Tensor
+    pad: torch.Tensor
+    fold: torch.Tensor
+    fold_mag: torch.Tensor
+
+
+def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
+           hist_len, cache_base, flush_min: int, scale: float) -> LaunchExpectation:
+    """One launch of the kernel, as the spec says it (M1-M8).  Reads its inputs, writes nothing.
+
+    A_log and dt_bias must be the IO-rounded values the kernel sees (N4).
+    """
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    g, beta = gates(a, dt_bias, A_log, b)  # [B, T, HV]
+    q_hat, k_hat = normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
+    kw, uw, Gw, valid = gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV)
+    rows = idx.long().clamp(min=0)
+    S0 = pool[rows].double()  # [B, HV, V, K]
+    S_P, GP, w = replay(S0, kw, uw, Gw, valid, hist_len)
+    S_mag = torch.exp(GP)[..., None, None] * S0.abs() + torch.einsum(
+        "bhj,bhjv,bhjk->bhvk", w, uw.abs(), kw.abs())
+    y, U, _ = sequential(S_P, q_hat, k_hat, v, g, beta)
+    y_mag, U_mag, _ = sequential_magnitude(S_mag, q_hat, k_hat, v, g, beta)
+    pad = idx.long() < 0
+    flush = (hist_len.long() >= flush_min) & ~pad
+    Gam = torch.cumsum(g, dim=1)  # [B, T, HV], inclusive scan (M1)
+    anchor_keep = torch.where(flush[:, None], torch.zeros_like(GP), GP)  # M6: flush restarts at 0
+    g_app = Gam + anchor_keep[:, None, :]
+    g_mag = torch.cumsum(g.abs(), dim=1) + anchor_keep.abs()[:, None, :]
+    k_app = k_hat[:, :, :: HV // H]  # [B, T, H, K]: k-head i is v-head i*G's key
+    slots = (cache_base.long()[:, None] + hist_len.long()[:, None]
+             + torch.arange(T, device=q.device)[None, :]) & RING_MASK
+    return LaunchExpectation(y=y, y_mag=y_mag, k_app=k_app, u_app=U, u_mag=U_mag,
+                             g_app=g_app, g_mag=g_mag, slots=slots, flush=flush, pad=pad,
+                             fold=S_P, fold_mag=S_mag)
+
+
+@dataclass
+class WriteSet:
+    """M8: every element a launch may write.  Everything outside must keep its bits.
+
+    pool [pool, HV], k_ring [pool, H, 32], u_ring [pool, HV, 32], g_ring [pool, HV, 32],
+    output_rows [B]: booleans, True where a write is expected.
+    """
+
+    pool: torch.Tensor
+    k_ring: torch.Tensor
+    u_ring: torch.Tensor
+    g_ring: torch.Tensor
+    output_rows: torch.Tensor
+
+
+def write_set(*, pool_size: int, H: int, HV: int, T: int, idx, hist_len, cache_base,
+              flush_min: int) -> WriteSet:
+    """M8: non-pad rows write output rows and T append slots; flush rows also write pool[idx]."""
+    dev = idx.device
+    live = idx.long() >= 0
+    rows = idx.long()[live]
+    slots = ring_slots(cache_base[live], 0, T) + hist_len.long()[live][:, None]
+    slots = slots & RING_MASK  # [n, T]
+    ring = torch.zeros(pool_size, RING_SLOTS, dtype=torch.bool, device=dev)
+    ring[rows[:, None].expand_as(slots), slots] = True
+    pool = torch.zeros(pool_size, HV, dtype=torch.bool, device=dev)
+    flush = live & (hist_len.long() >= flush_min)
+    pool[idx.long()[flush]] = True
+    return WriteSet(pool=pool,
+                    k_ring=ring[:, None, :].expand(pool_size, H, RING_SLOTS).clone(),
+                    u_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS).clone(),
+                    g_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS).clone(),
+                    output_rows=live.clone())
+
+
+def read_set(*, pool_size: int, H: int, HV: int, idx, hist_len, cache_base):
+    """M3: ring slots each launch may read (the windows) as a [pool, 32] boolean map."""
+    dev = idx.device
+    live = idx.long() >= 0
+    ring = torch.zeros(pool_size, RING_SLOTS, dtype=torch.bool, device=dev)
+    for_rows = idx.long()[live]
+    P = hist_len.long()[live]
+    slots = ring_slots(cache_base[live], 0, W_RING)
+    m = torch.arange(W_RING, device=dev)[None, :] < P[:, None]
+    ring[for_rows[:, None].expand_as(slots)[m], slots[m]] = True
+    return ring
