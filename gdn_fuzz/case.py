@@ -61,8 +61,8 @@ class Regime:
     poison: bool = False
 
 
-DECAYS = ("weak", "normal", "strong")
-BETAS = ("near0", "mid", "near1")
+DECAYS = ("normal", "weak", "strong")  # first = where shrinking lands
+BETAS = ("mid", "near0", "near1")
 KEYS = ("random", "near_dup", "zero_norm")
 HISTORIES = ("consistent", "free")
 

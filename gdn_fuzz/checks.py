@@ -82,13 +82,18 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(itype) == y.contiguous().view(itype)
 
 
-def rel_to_magnitude(got, want, mag, dims):
-    """Per-slice ||got - want||_F / ||mag||_F over `dims`; inf where got is non-finite and want is finite."""
+def rel_to_magnitude(got, want, mag, dims, atol: float = 0.0):
+    """Per-slice (||got - want||_F, ||mag||_F + atol-floor) over `dims`, float64.
+
+    The floor is atol * sqrt(n) / rtol-free: callers compare err <= rtol * mag + floor.
+    """
     got = got.double()
     err = (got - want).pow(2).sum(dims).sqrt()
+    n = 1
+    for d in dims:
+        n *= got.shape[d]
     den = mag.pow(2).sum(dims).sqrt()
-    r = err / den.clamp_min(1e-300)
-    return torch.where(den == 0, torch.where(err == 0, torch.zeros_like(err), torch.full_like(err, float("inf"))), r)
+    return err, den, atol * n**0.5
 
 
 def _worst(metric: torch.Tensor, live_rows: torch.Tensor):
@@ -132,14 +137,18 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
     rows_bt = idx[:, None].expand(B, T)
 
     def compare(name, clause, got, want, mag, dims, live_mask):
-        bad_nf = _nonfinite(got.double(), dims)
-        metric = rel_to_magnitude(got, want, mag, dims)
-        metric = torch.where(bad_nf, torch.full_like(metric, float("inf")), metric)
-        r, h, val = _worst(metric, live_mask)
-        if val > tol[name].rtol:
+        t = tol[name]
+        err, den, floor = rel_to_magnitude(got, want, mag, dims, t.atol)
+        # how far past the bound, in units of the bound (> 1 fails); inf for non-finite values
+        ratio = err / (t.rtol * den + floor).clamp_min(1e-300)
+        ratio = torch.where(_nonfinite(got.double(), dims), torch.full_like(ratio, float("inf")), ratio)
+        r, h, val = _worst(ratio, live_mask)
+        if val > 1.0:
+            rel = float((err[r, h] / den[r, h].clamp_min(1e-300)).item())
             what = "non-finite values" if val == float("inf") else "error / magnitude of its terms"
             findings.append(Finding(f"oracle.{name}", clause, f"{what} above the {case.arm} tolerance "
-                                    f"({tol[name].source})", row=r, head=h, value=val, tol=tol[name].rtol))
+                                    f"({t.source}; atol {t.atol:.1e}/element)", row=r, head=h,
+                                    value=rel if val != float("inf") else val, tol=t.rtol))
 
     if obs.output is not None:
         # y: [B, T, HV, V] -> per (row, head) over (T, V)

@@ -1,0 +1,123 @@
+"""Fuzz campaigns: Hypothesis runs in rounds until a time or example budget is spent.
+
+Each round is one Hypothesis run of `round_examples` examples per property with its own
+seed (derived from the campaign seed), so a budget can stop the campaign between rounds
+and every failure is shrunk by Hypothesis before it is recorded.  Findings are
+deduplicated by (property, clause, finding kind); the shrunk Case of each is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+from hypothesis.errors import Found  # noqa: F401  (re-exported for callers that catch it)
+
+from .case import Case
+from .checks import Finding
+from .properties import Property
+from .targets import Target
+
+
+class PropertyFailed(AssertionError):
+    """Raised inside the Hypothesis test body so Hypothesis shrinks the failing Case."""
+
+    def __init__(self, case: Case, findings: list[Finding]):
+        self.case, self.findings = case, findings
+        super().__init__("\n".join([case.describe()] + [str(f) for f in findings]))
+
+
+@dataclass
+class CampaignFinding:
+    prop: str
+    case: Case
+    findings: list[Finding]
+
+    def key(self) -> tuple:
+        return (self.prop,) + tuple(sorted({f.key() for f in self.findings}))
+
+
+@dataclass
+class CampaignStats:
+    examples: int = 0
+    launches: int = 0
+    rounds: int = 0
+    compiles: int = 0
+    started: float = field(default_factory=time.monotonic)
+    events: dict = field(default_factory=dict)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        return self.examples / max(self.elapsed, 1e-9)
+
+
+@dataclass
+class Campaign:
+    target: Target
+    device: str
+    properties: list[Property]
+    arms: tuple[str, ...]
+    Ts: tuple[int, ...]
+    geometries: tuple
+    buckets: tuple[int, ...]
+    seed: int = 0
+    round_examples: int = 25
+    shrink: bool = True
+    stats: CampaignStats = field(default_factory=CampaignStats)
+    findings: dict = field(default_factory=dict)  # key -> CampaignFinding
+
+    def _compiles(self) -> int:
+        return sum(self.target.compile_count(a) for a in self.arms)
+
+    def _round(self, prop: Property, round_seed: int, on_example) -> CampaignFinding | None:
+        strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
+        last: dict = {}
+        phases = (Phase.generate, Phase.target, Phase.shrink) if self.shrink else (Phase.generate,)
+
+        @hseed(round_seed)
+        @settings(max_examples=self.round_examples, deadline=None, database=None, phases=phases,
+                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck), print_blob=False)
+        @given(strat)
+        def body(case):
+            self.stats.examples += 1
+            self.stats.launches += 1
+            on_example()
+            found = prop.check(self.target, case, self.device)
+            if found:
+                last["case"], last["findings"] = case, found
+                raise PropertyFailed(case, found)
+
+        try:
+            body()
+        except PropertyFailed:
+            # Hypothesis re-runs the shrunk example last, so `last` holds the minimal case
+            return CampaignFinding(prop.name, last["case"], last["findings"])
+        return None
+
+    def run(self, *, seconds: float | None = None, examples: int | None = None, on_example=lambda: None,
+            on_finding=lambda f: None) -> "Campaign":
+        """Rounds over all properties until a budget is spent (KeyboardInterrupt stops cleanly)."""
+        if seconds is None and examples is None:
+            raise ValueError("give a budget: seconds=... or examples=... (both may be set; the first reached stops)")
+        compiles0 = self._compiles()
+        try:
+            while True:
+                for prop in self.properties:
+                    if (seconds is not None and self.stats.elapsed >= seconds) or (
+                            examples is not None and self.stats.examples >= examples):
+                        return self
+                    f = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example)
+                    self.stats.rounds += 1
+                    self.stats.compiles = self._compiles() - compiles0
+                    if f is not None and f.key() not in self.findings:
+                        self.findings[f.key()] = f
+                        on_finding(f)
+        except KeyboardInterrupt:
+            return self
+        finally:
+            self.stats.compiles = self._compiles() - compiles0

@@ -1,0 +1,139 @@
+"""The gdn-fuzz command line.
+
+  gdn-fuzz run [--target NAME|PATH] [--arms ...] [--T 4 8] [--device D] [--seconds S | --examples N]
+  gdn-fuzz doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .arms import ARM_NAMES, get_arm
+from .targets import TargetUnavailable, default_target_name, get_target
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+
+
+def _default_device(target) -> str:
+    import torch
+
+    return "cuda" if (target.needs_cuda or torch.cuda.is_available()) and torch.cuda.is_available() else "cpu"
+
+
+def _parse_arms(values):
+    arms = []
+    for v in values:
+        for name in v.split(","):
+            if name.strip():
+                get_arm(name.strip())  # raises with the legal names
+                arms.append(name.strip())
+    return tuple(arms)
+
+
+def cmd_run(args) -> int:
+    from .campaign import Campaign
+    from .properties import REGISTRY, get_property
+    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    name = args.target or default_target_name()
+    try:
+        target = get_target(name)
+    except (TargetUnavailable, ValueError) as e:
+        console.print(f"[red]target {name!r} unavailable:[/red] {e}")
+        return 2
+    device = args.device or _default_device(target)
+    why = target.unavailable_reason(device)
+    if why:
+        console.print(f"[red]cannot run:[/red] {why}")
+        return 2
+    arms = _parse_arms(args.arms) if args.arms else ARM_NAMES
+    for a in arms:
+        target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
+    props = [get_property(p) for p in (args.property or list(REGISTRY))]
+    geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
+    camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
+                    geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
+                    round_examples=args.round_examples)
+    seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
+    console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
+                  f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
+                  f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}")
+    with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
+        task = progress.add_task("", total=seconds or args.examples)
+
+        def tick():
+            s = camp.stats
+            progress.update(task, completed=(s.elapsed if seconds else s.examples),
+                            description=f"examples {s.examples}  launches {s.launches}  findings {len(camp.findings)}  "
+                                        f"compiles {s.compiles}  {s.rate:.1f} ex/s")
+
+        def found(f):
+            progress.console.print(f"[red]finding[/red] in property {f.prop}:")
+            progress.console.print(f.case.describe(), markup=False)
+            for x in f.findings:
+                progress.console.print("  " + str(x), markup=False)
+
+        camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found)
+        tick()
+    s = camp.stats
+    t = Table(title="gdn-fuzz summary")
+    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "findings", "time", "examples/s"):
+        t.add_column(col)
+    t.add_row(str(target), device, str(s.examples), str(s.launches), str(s.rounds), str(s.compiles),
+              str(len(camp.findings)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}")
+    console.print(t)
+    if args.json:
+        rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
+                   seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
+                   seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings])
+                             for f in camp.findings.values()])
+        with open(args.json, "w") as fh:
+            json.dump(rec, fh, indent=1)
+    return 1 if camp.findings else 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import report
+
+    console.print(report(), markup=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gdn-fuzz", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="fuzz a target within a time or example budget")
+    r.add_argument("--target", help="reference | production | sm100 | PATH.py (default: production on an SM90+ GPU, else reference)")
+    r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")
+    r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
+    r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    r.add_argument("--buckets", nargs="+", type=int, default=[4, 8], help="power-of-two batch sizes (pad rows fill them)")
+    r.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    r.add_argument("--seconds", type=float, help="time budget (default 60 unless --examples is given)")
+    r.add_argument("--examples", type=int, help="example budget")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--property", action="append", help="property to run (repeatable; default: all)")
+    r.add_argument("--round-examples", type=int, default=25, help="examples per Hypothesis round")
+    r.add_argument("--json", help="write a JSON record of the campaign here")
+    r.set_defaults(func=cmd_run)
+    d = sub.add_parser("doctor", help="what this machine can run, and why not")
+    d.set_defaults(func=cmd_doctor)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

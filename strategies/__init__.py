@@ -1,0 +1,20 @@
+"""Hypothesis strategies for gdn_fuzz (installed as gdn_fuzz.strategies).
+
+cases()       one legal launch of the entry point (gdn_fuzz.case.Case)
+regimes()     value regimes (norms, decay, beta, keys, history, poison)
+hist_lens(), cache_bases(), flush_mins(), rows_for()   the pieces, for custom strategies
+case_events() coverage labels for hypothesis.event()
+"""
+
+from ._cases import (  # noqa: F401
+    BUCKETS,
+    CPU_GEOMETRIES,
+    GPU_GEOMETRIES,
+    cache_bases,
+    case_events,
+    cases,
+    flush_mins,
+    hist_lens,
+    regimes,
+    rows_for,
+)

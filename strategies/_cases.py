@@ -1,0 +1,114 @@
+"""Hypothesis strategies for single launches (Cases) of the ReplaySSM step.
+
+Hypothesis draws structure only: geometry, arm, batch rows and their cursors, flush_min,
+value regime and a seed.  Tensors come from the seed (gdn_fuzz.case.materialize), so a
+shrunk example is a short, readable Case.
+
+Cursor values are drawn from the edges the contract cares about, each with its own
+branch so the shrinker can walk between them: P = 0, 1, flush_min - 1, flush_min,
+flush_min + 1, 16 and any value in [0, 16]; bases 0, 31, 32 - P (window ends exactly at
+the wrap), wrapped windows (base + P > 32) and any value in [0, 32).
+Batches are padded with pad rows (slot -1) to a power-of-two bucket, so the production
+kernel compiles once per (arm, T, bucket, geometry) (contract D4).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from ..arms import ARM_NAMES
+from ..case import BETAS, DECAYS, HISTORIES, KEYS, Case, Regime, Row
+
+W_RING = 16
+RING_SLOTS = 32
+
+# (H, HV) menus.  The production kernel compiles once per (H, HV) (D4), so campaigns on it
+# draw from a short list; CPU targets may use any G = HV / H.
+CPU_GEOMETRIES = ((1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (4, 8))
+GPU_GEOMETRIES = ((1, 2), (2, 4), (4, 8), (16, 64))
+BUCKETS = (4, 8)
+
+
+def flush_mins(T: int):
+    """None (the lazy default 17 - T) or any legal value in [1, 17 - T] (H14)."""
+    return st.one_of(st.none(), st.integers(1, W_RING - T + 1))
+
+
+def hist_lens(fmin: int):
+    """P in [0, 16], with the routing edges drawn explicitly."""
+    edges = sorted({0, 1, max(fmin - 1, 0), fmin, min(fmin + 1, W_RING), W_RING})
+    return st.one_of(st.sampled_from(edges), st.integers(0, W_RING))
+
+
+def cache_bases(P: int):
+    """base in [0, 32): 0, 31, exact wrap (32 - P), a wrapped window, or anything."""
+    opts = [st.just(0), st.just(RING_SLOTS - 1), st.integers(0, RING_SLOTS - 1)]
+    if P > 1:
+        opts.insert(2, st.just((RING_SLOTS - P) % RING_SLOTS))
+        opts.insert(3, st.integers(RING_SLOTS - P + 1, RING_SLOTS - 1))  # wraps inside the window
+    return st.one_of(*opts)
+
+
+@st.composite
+def regimes(draw, poison=None):
+    """Value regimes: norms, decay strength, beta range, key structure, history source."""
+    return Regime(
+        qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
+        v_scale=draw(st.sampled_from((1.0, 1e-2, 8.0))),
+        state_scale=draw(st.sampled_from((0.1, 1.0, 1e-3))),
+        decay=draw(st.sampled_from(DECAYS)),
+        beta=draw(st.sampled_from(BETAS)),
+        keys=draw(st.sampled_from(KEYS)),
+        history=draw(st.sampled_from(HISTORIES)),
+        poison=draw(st.booleans()) if poison is None else poison,
+    )
+
+
+@st.composite
+def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int):
+    """n_real rows on distinct, permuted pool slots, padded with pad rows to `bucket`."""
+    slots = draw(st.permutations(range(pool)))[:n_real]
+    real = []
+    for s in slots:
+        P = draw(hist_lens(fmin))
+        real.append(Row(slot=s, hist_len=P, cache_base=draw(cache_bases(P))))
+    pads = [Row(slot=-1, hist_len=0, cache_base=0)] * (bucket - n_real)
+    order = draw(st.permutations(range(bucket)))
+    allrows = real + pads
+    return tuple(allrows[i] for i in order)
+
+
+@st.composite
+def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=BUCKETS,
+          restart=(False,), poison=None, max_extra_pool: int = 6):
+    """One legal launch: every cursor in range, distinct slots, pad rows to a bucket size."""
+    arm = draw(st.sampled_from(tuple(arms)))
+    T = draw(st.sampled_from(tuple(Ts)))
+    H, HV = draw(st.sampled_from(tuple(geometries)))
+    bucket = draw(st.sampled_from(tuple(buckets)))
+    n_real = draw(st.integers(1, bucket))
+    pool = n_real + draw(st.integers(0, max_extra_pool))
+    fm = draw(flush_mins(T))
+    fmin = fm if fm is not None else W_RING - T + 1
+    rows = draw(rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real))
+    return Case(arm=arm, T=T, H=H, HV=HV, pool=pool, rows=rows, flush_min=fm,
+                restart_hist_on_flush=draw(st.sampled_from(tuple(restart))),
+                regime=draw(regimes(poison=poison)), seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def case_events(case: Case) -> list[str]:
+    """Labels for hypothesis.event(): the coverage the strategy is supposed to reach."""
+    ev = [f"arm={case.arm}", f"T={case.T}", f"flush_min={case.fmin}"]
+    for r in case.rows:
+        if r.pad:
+            ev.append("row: pad")
+            continue
+        P = r.hist_len
+        tag = ("P=0" if P == 0 else "P=16" if P == W_RING else "P=flush_min-1" if P == case.fmin - 1
+               else "P=flush_min" if P == case.fmin else "P other")
+        ev.append(f"row: {tag}")
+        if r.cache_base + P > RING_SLOTS:
+            ev.append("row: wrapped window")
+    if case.pool > sum(not r.pad for r in case.rows):
+        ev.append("pool > real rows")
+    return sorted(set(ev))
