@@ -101,6 +101,42 @@ def cmd_run(args) -> int:
     return 1 if camp.findings else 0
 
 
+def cmd_precision(args) -> int:
+    from .precision import search
+    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    targets = [get_target(n) for n in args.targets]
+    device = args.device or _default_device(targets[0])
+    for t in targets:
+        why = t.unavailable_reason(device)
+        if why:
+            console.print(f"[red]cannot run:[/red] {why}")
+            return 2
+    arms = _parse_arms(args.arms) if args.arms else ARM_NAMES
+    geoms = GPU_GEOMETRIES if any(t.needs_cuda for t in targets) else CPU_GEOMETRIES
+    t0 = time.monotonic()
+    res = search(targets, device, arms, tuple(args.T), geoms, tuple(args.buckets), args.examples,
+                 seed=args.seed, steer=not args.no_steer)
+    tab = Table(title=f"largest error / magnitude vs the float64 oracle ({args.examples} examples per arm and T, "
+                      f"{'steered by target()' if not args.no_steer else 'unsteered'}, {time.monotonic() - t0:.0f}s)")
+    for col in ("target", "arm", "T", "y", "u", "k", "g", "fold", "worst ratio to tol"):
+        tab.add_column(col)
+    for tname, per_arm in res.items():
+        for arm, per_T in per_arm.items():
+            for T, cells in per_T.items():
+                vals = [f"{cells[o]['max_rel']:.2e}" if o in cells else "-" for o in ("y", "u", "k", "g", "fold")]
+                worst = max((cells[o]["max_ratio"] for o in ("y", "u", "k", "g", "fold") if o in cells), default=0)
+                tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}")
+    console.print(tab)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=device,
+                           examples=args.examples, seed=args.seed, results=res), fh, indent=1, default=str)
+    bad = any(c.get("max_ratio", 0) > 1 for per_arm in res.values() for per_T in per_arm.values()
+              for cells in per_T.values() for c in cells.values() if isinstance(c, dict))
+    return 1 if bad else 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import report
 
@@ -125,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--round-examples", type=int, default=25, help="examples per Hypothesis round")
     r.add_argument("--json", help="write a JSON record of the campaign here")
     r.set_defaults(func=cmd_run)
+    p = sub.add_parser("precision", help="steer generation toward the largest error vs the oracle (tolerance evidence)")
+    p.add_argument("--targets", nargs="+", default=["reference"])
+    p.add_argument("--arms", nargs="+")
+    p.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    p.add_argument("--buckets", nargs="+", type=int, default=[4, 8])
+    p.add_argument("--device")
+    p.add_argument("--examples", type=int, default=100, help="examples per (arm, T)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-steer", action="store_true", help="plain random generation (no target() phase)")
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_precision)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
     return ap
