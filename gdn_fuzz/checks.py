@@ -175,9 +175,15 @@ def oracle_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = N
     compare("k", k_got.permute(0, 2, 1, 3), e.k_app.permute(0, 2, 1, 3), e.k_app.abs().permute(0, 2, 1, 3), (2, 3), live)
     compare("u", u_got.permute(0, 2, 1, 3), e.u_app.permute(0, 2, 1, 3), e.u_mag.permute(0, 2, 1, 3), (2, 3), live)
     # g: max over tokens of |dG| / summed |g|  -> [B, HV]
-    g_rel = (g_got.double() - e.g_app).abs() / e.g_mag.clamp_min(1e-30)
-    g_rel = torch.where(torch.isfinite(g_got), g_rel, torch.full_like(g_rel, float("inf"))).amax(1)
-    out["g"] = Metric(g_rel, g_rel / tol["g"].rtol, live)
+    tg = tol["g"]
+    g_abs = (g_got.double() - e.g_app).abs()  # [B, T, HV]
+    tokens = torch.arange(1, T + 1, device=g_abs.device, dtype=torch.float64)[None, :, None]
+    floor = tokens * torch.exp(obs.before["A_log"].double())[None, None, :] * tg.atol
+    inf = torch.full_like(g_abs, float("inf"))
+    fin = torch.isfinite(g_got)
+    g_rel = torch.where(fin, g_abs / e.g_mag.clamp_min(1e-30), inf).amax(1)
+    g_ratio = torch.where(fin, g_abs / (tg.rtol * e.g_mag + floor).clamp_min(1e-300), inf).amax(1)
+    out["g"] = Metric(g_rel, g_ratio, live)
     # fold: pool rows of flush rows
     compare("fold", a["initial_state_source"][idx], e.fold, e.fold_mag, (2, 3), e.flush)
     return out

@@ -18,7 +18,13 @@ Each bound is c * u, with u the unit roundoff (2^-p) of the dtype that limits th
   k      max u(PACK,RING) one rounding to PACK, then PACK -> RING (exact in range): c = 2.
   fold   max u(STATE,RING) w*u rounded to RING, one rounding to STATE: c = 3.
   g      f32             ex2.approx (rel. err 2^-22) and an f32 scan of T <= 8 terms;
-                          bound 2^-16 relative to the summed |g| (over 10x the model).
+                          bound 2^-16 relative to the summed |g| (over 10x the model),
+                          plus an absolute e^{A_log} * 2^-23 per token: softplus is
+                          evaluated as ln(1 + z) with z = e^x in f32, and 1 + z rounds
+                          with absolute error <= 2^-24, so for x << 0 (z small) g's
+                          relative error grows like 2^-24 / z.  Found on the H200
+                          (2026-11-29, weak decay, relative g error 2.7e-5 > 2^-16);
+                          see docs/tolerances.md.
 
 Underflow: fp16 holds values below 2^-14 only as subnormals spaced 2^-24 apart, so a value
 built from K-term dot products of fp16-rounded intermediates can be off by ~K * 2^-24 in
@@ -44,6 +50,7 @@ OUTPUTS = ("y", "u", "k", "g", "fold")
 # roundings counted per output (see the module docstring)
 C_Y, C_U, C_K, C_FOLD = 4.0, 4.0, 2.0, 3.0
 G_RTOL = 2.0**-16
+G_ABS_PER_TOKEN = 2.0**-23  # x e^{A_log}: 2 x the 2^-24 rounding of 1 + e^x in f32
 FP16_SUBNORMAL = 2.0**-24  # spacing of fp16 subnormals
 K_TERMS = 128  # K = V = 128: terms in each dot product of normalized vectors
 
@@ -68,7 +75,8 @@ def table_for(arm: Arm | str) -> dict[str, Tol]:
         "k": Tol(C_K * uk, f"{C_K:g} x u(max(PACK={arm.pack}, RING={arm.ring})): one rounding (N3)", tiny),
         "fold": Tol(C_FOLD * uf, f"{C_FOLD:g} x u(max(STATE={arm.state}, RING={arm.ring})): w*u to RING, S_h to STATE (N3)",
                     K_TERMS * tiny),
-        "g": Tol(G_RTOL, "2^-16 of summed |g|: ex2.approx (2^-22) + f32 scan of <= 8 terms (N1, N3)"),
+        "g": Tol(G_RTOL, "2^-16 of summed |g| + e^{A_log} 2^-23 per token: ex2.approx, ln(1 + e^x) in f32, "
+                 "f32 scan (N1, N3)", G_ABS_PER_TOKEN),
     }
 
 

@@ -78,6 +78,13 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _cast_io(t: torch.Tensor) -> torch.Tensor:
+    """N5: A_log / dt_bias in the IO dtype (no id()-keyed cache here: the reference recasts)."""
+    if t.dtype == IO_TORCH and t.is_contiguous():
+        return t
+    return t.to(IO_TORCH).contiguous()
+
+
 def _l2n(x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + EPS)
@@ -166,8 +173,8 @@ def gated_delta_rule_mtp_ucache_flush(
         "silently reinterpret bits."
     )
     HK = k.shape[2]
-    A_log_io = A_log.to(IO_TORCH)  # N5: cast to the IO dtype
-    dt_bias_io = dt_bias.to(IO_TORCH)
+    A_log_io = _cast_io(A_log)  # N5: cast to the IO dtype
+    dt_bias_io = _cast_io(dt_bias)
     h0 = initial_state_source
     # ---- H7
     assert (k_cache is not None and u_cache is not None and g_cache is not None
@@ -212,8 +219,9 @@ def gated_delta_rule_mtp_ucache_flush(
     # ---- H13
     if Tq not in (4, 8):
         raise NotImplementedError(
-            f"{name}: T={Tq} unsupported — native T in {{4, 8}} only (T=16 leaves no ring headroom; "
-            "other T have no serving user).")
+            f"{name}: T={Tq} unsupported — native T in "
+            "{{4, 8}} only (T=16 leaves no ring headroom; other T have no serving user).")
+        # the doubled braces are production's text verbatim (its second piece is not an f-string)
     # ---- H14
     if flush_min is None:
         flush_min = W_RING - Tq + 1
