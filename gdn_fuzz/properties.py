@@ -52,3 +52,7 @@ def get_property(name: str) -> Property:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"property={name!r} is unknown; use one of {', '.join(REGISTRY)}") from None
+
+
+# ---- further properties register themselves from their own modules (imported here so
+# ---- that the registry is complete whenever gdn_fuzz.properties is imported)

@@ -47,12 +47,13 @@ PLANTS = {p.name: p for p in (
 )}
 
 
-def plant(name: str, tmpdir) -> Path:
-    p = PLANTS[name]
+def plant(name: str | Plant, tmpdir) -> Path:
+    """Write the planted copy of the reference target for a Plant (or a PLANTS name)."""
+    p = PLANTS[name] if isinstance(name, str) else name
     src = REFERENCE_PATH.read_text()
     if src.count(p.old) != 1:
         raise AssertionError(f"planted bug {name!r}: its edit no longer applies once to {REFERENCE_PATH} "
                              f"(found {src.count(p.old)} matches); update tests/planted/__init__.py")
-    out = Path(tmpdir) / f"planted_{name}.py"
+    out = Path(tmpdir) / f"planted_{p.name}.py"
     out.write_text(src.replace(p.old, p.new))
     return out
