@@ -33,6 +33,8 @@ class CampaignFinding:
     prop: str
     case: Case
     findings: list[Finding]
+    entry_path: object = None  # corpus file, when written
+    entry_new: bool = False  # False: the corpus already held this failure
 
     def key(self) -> tuple:
         return (self.prop,) + tuple(sorted({f.key() for f in self.findings}))
@@ -68,11 +70,36 @@ class Campaign:
     seed: int = 0
     round_examples: int = 25
     shrink: bool = True
+    isolate: bool = False  # run checks in a worker process (gdn_fuzz.isolation)
+    corpus_dir: object = None  # write every finding here (gdn_fuzz.corpus); None: do not write
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # key -> CampaignFinding
 
+    def __post_init__(self):
+        self._worker = None
+        if self.isolate:
+            from .isolation import Worker
+
+            inflight = None if self.corpus_dir is None else __import__("pathlib").Path(self.corpus_dir) / ".inflight"
+            self._worker = Worker(self.target.name, self.device, inflight_dir=inflight)
+
     def _compiles(self) -> int:
+        if self._worker is not None:
+            return self._worker.compiles
         return sum(self.target.compile_count(a) for a in self.arms)
+
+    def _check(self, prop: Property, case: Case):
+        if self._worker is not None:
+            return self._worker.check(prop.name, case)
+        return prop.check(self.target, case, self.device)
+
+    def _record(self, f: "CampaignFinding") -> None:
+        if self.corpus_dir is None:
+            return
+        from . import corpus
+
+        f.entry_path, f.entry_new = corpus.write(corpus.make_entry(f.prop, f.case, f.findings, self.target.name),
+                                                 self.corpus_dir)
 
     def _round(self, prop: Property, round_seed: int, on_example) -> CampaignFinding | None:
         strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
@@ -87,7 +114,7 @@ class Campaign:
             self.stats.examples += 1
             self.stats.launches += 1
             on_example()
-            found = prop.check(self.target, case, self.device)
+            found = self._check(prop, case)
             if found:
                 last["case"], last["findings"] = case, found
                 raise PropertyFailed(case, found)
@@ -116,8 +143,11 @@ class Campaign:
                     self.stats.compiles = self._compiles() - compiles0
                     if f is not None and f.key() not in self.findings:
                         self.findings[f.key()] = f
+                        self._record(f)
                         on_finding(f)
         except KeyboardInterrupt:
             return self
         finally:
             self.stats.compiles = self._compiles() - compiles0
+            if self._worker is not None:
+                self._worker.close()

@@ -58,9 +58,12 @@ def cmd_run(args) -> int:
         target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
     geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
+    from . import corpus
+
+    corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
-                    round_examples=args.round_examples)
+                    round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -80,6 +83,9 @@ def cmd_run(args) -> int:
             progress.console.print(f.case.describe(), markup=False)
             for x in f.findings:
                 progress.console.print("  " + str(x), markup=False)
+            if f.entry_path is not None:
+                progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
+                                       markup=False)
 
         camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found)
         tick()
@@ -137,6 +143,43 @@ def cmd_precision(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_replay(args) -> int:
+    from . import corpus
+
+    paths = [p for a in (args.entries or [str(corpus.default_dir())]) for p in
+             (corpus.entries(a) if __import__("os").path.isdir(a) else [a])]
+    t = Table(title="gdn-fuzz replay")
+    for col in ("entry", "status", "target", "property", "result", "detail"):
+        t.add_column(col, overflow="fold")
+    unexpected = 0
+    for p in paths:
+        try:
+            e = corpus.read(p)
+        except corpus.CorpusError as err:
+            t.add_row(str(p), "-", "-", "-", "[red]unreadable[/red]", str(err))
+            unexpected += 1
+            continue
+        target = args.target or e.target
+        try:
+            tgt = get_target(target)
+            why = tgt.unavailable_reason(args.device or _default_device(tgt))
+        except (TargetUnavailable, ValueError) as err:
+            why = str(err)
+        if why:
+            t.add_row(str(p), e.status, target, e.prop, "skipped", why)
+            continue
+        found = corpus.replay(e, target, args.device or _default_device(tgt))
+        if found:
+            res = "fails (expected: open bug)" if e.status == "open" else "[red]FAILS: regression[/red]"
+            unexpected += e.status != "open"
+        else:
+            res = "[red]passes: open bug fixed? mark it guard[/red]" if e.status == "open" else "passes"
+            unexpected += e.status == "open"
+        t.add_row(str(p), e.status, target, e.prop, res, "; ".join(str(f) for f in found)[:300])
+    console.print(t)
+    return 1 if unexpected else 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import report
 
@@ -160,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--property", action="append", help="property to run (repeatable; default: all)")
     r.add_argument("--round-examples", type=int, default=25, help="examples per Hypothesis round")
     r.add_argument("--json", help="write a JSON record of the campaign here")
+    r.add_argument("--corpus", help="corpus folder for findings (default: $GDN_FUZZ_CORPUS or ./corpus)")
+    r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")
+    r.add_argument("--no-isolate", action="store_true", help="launch in this process (no crash isolation)")
     r.set_defaults(func=cmd_run)
     p = sub.add_parser("precision", help="steer generation toward the largest error vs the oracle (tolerance evidence)")
     p.add_argument("--targets", nargs="+", default=["reference"])
@@ -172,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-steer", action="store_true", help="plain random generation (no target() phase)")
     p.add_argument("--json")
     p.set_defaults(func=cmd_precision)
+    rp = sub.add_parser("replay", help="re-run corpus entries against their target (or --target)")
+    rp.add_argument("entries", nargs="*", help="entry files or folders (default: the corpus folder)")
+    rp.add_argument("--target", help="replay against this target instead of each entry's own")
+    rp.add_argument("--device")
+    rp.set_defaults(func=cmd_replay)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
     return ap

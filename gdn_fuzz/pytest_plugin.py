@@ -5,6 +5,9 @@ Options (group "gdn_fuzz", prefix --gdn-):
                            GPU, else reference; env GDN_FUZZ_TARGET)
   --gdn-arms A,B           dtype arms to run (default: all five)
   --gdn-device D           torch device (default: cuda when available, else cpu)
+  --gdn-corpus DIR         regression corpus replayed by tests/test_corpus_replay.py and written
+                           with every shrunk failure (default: $GDN_FUZZ_CORPUS or ./corpus)
+  --gdn-corpus-readonly    never write the corpus (CI; or GDN_FUZZ_CORPUS_READONLY=1)
 Profiles (--hypothesis-profile NAME or env GDN_FUZZ_PROFILE): ci (deterministic, bounded),
 dev (the default outside CI; ci is the default when $CI is set), nightly (many examples, long stateful runs).
 """
@@ -31,6 +34,16 @@ def pytest_addoption(parser):
                 help="reference | production | sm100 | PATH.py (env GDN_FUZZ_TARGET)")
     g.addoption("--gdn-arms", default=os.environ.get("GDN_FUZZ_ARMS"), help="comma-separated dtype arms")
     g.addoption("--gdn-device", default=os.environ.get("GDN_FUZZ_DEVICE"), help="torch device")
+    g.addoption("--gdn-corpus", default=None, help="regression corpus folder (default: $GDN_FUZZ_CORPUS or ./corpus)")
+    g.addoption("--gdn-corpus-readonly", action="store_true", help="never write new corpus entries")
+
+
+def pytest_configure(config):
+    if config.getoption("--gdn-corpus"):
+        os.environ["GDN_FUZZ_CORPUS"] = str(config.getoption("--gdn-corpus"))
+    if config.getoption("--gdn-corpus-readonly"):
+        os.environ["GDN_FUZZ_CORPUS_READONLY"] = "1"
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU that runs the production kernel")
 
 
 def _selection(config):
@@ -54,8 +67,49 @@ def pytest_report_header(config):
     target, arms, device = _selection(config)
     prof = settings._current_profile
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    from . import corpus
+
+    seed = config.getoption("--hypothesis-seed", None)
+    if seed is None and prof == "ci":
+        seed = "derandomized (ci profile)"
     return [f"gdn_fuzz: target={target} arms={','.join(arms)} device={device} gpu={gpu} "
-            f"torch={torch.__version__} hypothesis-profile={prof}"]
+            f"torch={torch.__version__} hypothesis-profile={prof} hypothesis-seed={seed or 'random per test'}",
+            f"gdn_fuzz: corpus={corpus.default_dir()} ({len(corpus.entries())} entries, "
+            f"{'read-only' if corpus.is_readonly() else 'new failures are written'})"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def gdn_record(request):
+    """Call gdn_record(prop, case, findings, target_name) before asserting on findings.
+
+    Hypothesis replays the shrunk example last, so the last recorded failure of a failed test
+    is the minimal one; it is written to the corpus (unless read-only) when the test ends.
+    """
+    last: dict = {}
+
+    def record(prop, case, findings, target_name):
+        if findings:
+            last.update(prop=prop, case=case, findings=findings, target=target_name)
+
+    yield record
+    rep = getattr(request.node, "rep_call", None)
+    if last and rep is not None and rep.failed:
+        from . import corpus
+
+        entry = corpus.make_entry(last["prop"], last["case"], last["findings"], last["target"])
+        try:
+            path, new = corpus.write(entry)
+            request.node.add_report_section("call", "gdn_fuzz corpus",
+                                            f"{'new entry' if new else 'already in corpus'}: {path}")
+        except PermissionError as e:
+            request.node.add_report_section("call", "gdn_fuzz corpus", str(e))
 
 
 @pytest.fixture(scope="session")

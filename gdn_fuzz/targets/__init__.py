@@ -11,6 +11,7 @@ Built-in names:
   production  FlashInfer's fused CuTeDSL kernel: $GDN_FUZZ_KERNEL_MODULE=/path/to/file.py,
               else the installed flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache_flush
   sm100       flashinfer.gdn_kernels.gdn_replay_mtp_umma (FlashInfer >= 0.7.3, B200 only)
+  mutant:NAME a catalogued bug (gdn_fuzz.mutants) applied to a temporary copy of its base
 Any other value is taken as a path to a Python file (a user's kernel, an older version,
 a patched copy).
 """
@@ -203,11 +204,18 @@ def get_target(name: str) -> Target:
                 f"{SM100_MODULE} is not installed (it ships with FlashInfer >= 0.7.3, unreleased "
                 "when gdn_fuzz 0.1 was written); the sm100 target also needs a B200-class GPU (SM100)")
         return Target("sm100", p, entry=SM100_ENTRY, needs_cuda=True, min_sm=(10, 0))
+    if name.startswith("mutant:"):
+        from ..mutants import base_path, get_mutant, materialize_mutant
+
+        m = get_mutant(name.split(":", 1)[1])
+        base_is_prod = m.base == "production"
+        base_path(m)  # raises TargetUnavailable when the production file is absent
+        return Target(name, materialize_mutant(m), needs_cuda=base_is_prod, min_sm=(9, 0) if base_is_prod else None)
     p = Path(name).expanduser()
     if p.suffix == ".py" and p.is_file():
         return Target(str(p), p.resolve(), needs_cuda=False)
     raise ValueError(
-        f"target={name!r} is neither 'reference', 'production', 'sm100' nor an existing .py file; "
+        f"target={name!r} is neither 'reference', 'production', 'sm100', 'mutant:NAME' nor an existing .py file; "
         "pass one of those names or a path to a module defining " + ENTRY)
 
 

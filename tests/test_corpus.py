@@ -1,0 +1,107 @@
+"""The regression corpus: atomic, deduplicated writes, clear errors, concurrent writers.
+
+Entries are written by many processes at once (xdist workers, campaign workers); these
+tests write from 8 processes, damage entries on purpose, and run two campaigns on a
+planted bug to show that the second one finds the same failure and stores nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+
+from gdn_fuzz import corpus
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.checks import Finding
+
+
+def _case(seed: int, P: int = 13) -> Case:
+    return Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, P, 3), Row(-1)), seed=seed)
+
+
+def _entry(i: int) -> corpus.Entry:
+    # failures 0..9 differ by their check name; every writer writes each of them (duplicates)
+    f = Finding(f"oracle.check{i % 10}", "M7", "planted")
+    return corpus.make_entry("launch", _case(i), [f], target="mutant:fold_skipped")
+
+
+def _writer(args):
+    d, wid = args
+    made = 0
+    for i in range(40):
+        _, new = corpus.write(_entry(i + wid), d)
+        made += new
+    return made
+
+
+def test_entry_roundtrip_and_dedup(tmp_path):
+    """An entry reads back to the same Case; the same failure twice is stored once."""
+    e = _entry(3)
+    p, new = corpus.write(e, tmp_path)
+    assert new and p.name.startswith("launch-") and p.suffix == ".json"
+    back = corpus.read(p)
+    assert back.case == e.case and back.keys == e.keys and back.status == "open"
+    p2, new2 = corpus.write(_entry(13), tmp_path)  # another case of the same failure identity
+    assert p2 == p and not new2
+    assert [x.name for x in tmp_path.iterdir()] == [p.name]  # no temp files left behind
+
+
+def test_eight_concurrent_writers_lose_and_corrupt_nothing(tmp_path):
+    """8 processes write 40 entries each (10 distinct failures): exactly 10 whole entries remain."""
+    with mp.get_context("spawn").Pool(8) as pool:
+        pool.map(_writer, [(tmp_path, w) for w in range(8)])
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 10, [f.name for f in files]
+    for f in files:
+        corpus.read(f)  # every file parses: no torn writes
+    assert {tuple(corpus.read(f).keys[0]) for f in files} == {(f"oracle.check{i}", "M7") for i in range(10)}
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda t: t[: len(t) // 2], "truncated"),
+    (lambda t: t.replace(corpus.FORMAT, "gdn_fuzz.corpus/99"), "format"),
+    (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "case"}), "malformed field"),
+    (lambda t: t.replace('"version": 1', '"version": 7'), "version"),
+])
+def test_damaged_entry_names_the_file(tmp_path, damage, words):
+    """A damaged entry raises CorpusError naming the file and what is wrong."""
+    p, _ = corpus.write(_entry(1), tmp_path)
+    p.write_text(damage(p.read_text()))
+    with pytest.raises(corpus.CorpusError, match=words) as ei:
+        corpus.read(p)
+    assert str(p) in str(ei.value)
+
+
+def test_readonly_corpus_refuses_with_the_entry(tmp_path, monkeypatch):
+    """Read-only mode (CI) never writes, and says what it would have written."""
+    monkeypatch.setenv(corpus.READONLY_ENV, "1")
+    with pytest.raises(PermissionError, match="read-only"):
+        corpus.write(_entry(2), tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_campaign_writes_one_shrunk_entry_then_deduplicates(tmp_path):
+    """A planted bug found by a campaign lands in the corpus once; a second campaign adds nothing."""
+    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    def run(seed):
+        c = Campaign(target=get_target("mutant:fold_skipped"), device="cpu", properties=[get_property("launch")],
+                     arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=seed,
+                     round_examples=60, corpus_dir=tmp_path)
+        return c.run(examples=60)
+
+    first = run(1)
+    assert len(first.findings) == 1
+    (f,) = first.findings.values()
+    assert f.entry_new and any(x.prop == "oracle.fold" for x in f.findings)
+    entry = corpus.read(f.entry_path)
+    assert entry.case.rows and len([r for r in entry.case.rows if not r.pad]) <= 2  # shrunk
+    second = run(2)
+    (g,) = second.findings.values()
+    assert g.entry_path == f.entry_path and not g.entry_new
+    assert len(corpus.entries(tmp_path)) == 1
