@@ -8,6 +8,7 @@ deduplicated by (property, clause, finding kind); the shrunk Case of each is kep
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -72,11 +73,13 @@ class Campaign:
     shrink: bool = True
     isolate: bool = False  # run checks in a worker process (gdn_fuzz.isolation)
     corpus_dir: object = None  # write every finding here (gdn_fuzz.corpus); None: do not write
+    record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # key -> CampaignFinding
 
     def __post_init__(self):
         self._worker = None
+        self._records = open(self.record_path, "a") if self.record_path else None
         if self.isolate:
             from .isolation import Worker
 
@@ -115,6 +118,12 @@ class Campaign:
             self.stats.launches += 1
             on_example()
             found = self._check(prop, case)
+            if self._records is not None:
+                self._records.write(json.dumps(dict(
+                    i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, arm=case.arm, T=case.T,
+                    H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
+                    rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__,
+                    metrics=getattr(found, "metrics", None), failed=[f.prop for f in found])) + "\n")
             if found:
                 last["case"], last["findings"] = case, found
                 raise PropertyFailed(case, found)
@@ -151,3 +160,5 @@ class Campaign:
             self.stats.compiles = self._compiles() - compiles0
             if self._worker is not None:
                 self._worker.close()
+            if self._records is not None:
+                self._records.flush()

@@ -244,9 +244,30 @@ def check_writes(obs: Observation) -> list[Finding]:
     return findings
 
 
-def check_launch(target: Target, case: Case, device: str = "cpu") -> list[Finding]:
+class Findings(list):
+    """A list of Findings that may also carry the launch's error metrics (for reports).
+
+    metrics: {output: [worst error / magnitude per batch row, None for rows without it]}
+    """
+
+    metrics: dict | None = None
+
+
+def row_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = None) -> dict:
+    """Worst error / magnitude per row and output (None where the row has no such output)."""
+    out = {}
+    for name, m in oracle_metrics(obs, e).items():
+        worst = m.rel.amax(1)
+        out[name] = [float(v) if bool(live) else None for v, live in zip(worst.tolist(), m.live.tolist())]
+    return out
+
+
+def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
     """The minimal per-launch property: oracle agreement plus the write set."""
     obs = observe(target, case, device)
     if obs.error is not None:
-        return check_oracle(obs)
-    return check_oracle(obs) + check_writes(obs)
+        return Findings(check_oracle(obs))
+    e = expectation(obs)
+    res = Findings(check_oracle(obs, e) + check_writes(obs))
+    res.metrics = row_metrics(obs, e)
+    return res

@@ -63,7 +63,8 @@ def cmd_run(args) -> int:
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
-                    round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir)
+                    round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
+                    record_path=args.record)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -180,6 +181,14 @@ def cmd_replay(args) -> int:
     return 1 if unexpected else 0
 
 
+def cmd_report(args) -> int:
+    from .report import build
+
+    path = build(args.records, args.campaign, args.out)
+    console.print(f"report written: {path} (+ report.html and PNG plots beside it)")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import report
 
@@ -206,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--corpus", help="corpus folder for findings (default: $GDN_FUZZ_CORPUS or ./corpus)")
     r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")
     r.add_argument("--no-isolate", action="store_true", help="launch in this process (no crash isolation)")
+    r.add_argument("--record", help="append one JSON line per example here (input of `gdn-fuzz report`)")
     r.set_defaults(func=cmd_run)
     p = sub.add_parser("precision", help="steer generation toward the largest error vs the oracle (tolerance evidence)")
     p.add_argument("--targets", nargs="+", default=["reference"])
@@ -223,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--target", help="replay against this target instead of each entry's own")
     rp.add_argument("--device")
     rp.set_defaults(func=cmd_replay)
+    rep = sub.add_parser("report", help="Markdown/HTML report with coverage and error plots of a campaign")
+    rep.add_argument("records", help="the campaign's --record JSON lines")
+    rep.add_argument("--campaign", help="the campaign's --json record (findings, budget, versions)")
+    rep.add_argument("--out", default="report", help="output folder")
+    rep.set_defaults(func=cmd_report)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
     return ap

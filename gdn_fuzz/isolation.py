@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .case import Case
-from .checks import Finding
+from .checks import Finding, Findings
 
 _CTX = None
 CUDA_FATAL = ("illegal memory access", "an illegal instruction", "unspecified launch failure",
@@ -70,7 +70,8 @@ def _worker_main(conn, target_name: str, device: str) -> None:
                 os._exit(3)
             continue
         fatal_in = [f for f in found if any(s in f.message for s in CUDA_FATAL)]
-        conn.send(("fatal" if fatal_in else "ok", [f.__dict__ for f in found],
+        conn.send(("fatal" if fatal_in else "ok",
+                   dict(findings=[f.__dict__ for f in found], metrics=getattr(found, "metrics", None)),
                    sum(target.compile_count(a) for a in {case.arm})))
         if fatal_in:
             os._exit(3)
@@ -139,13 +140,15 @@ class Worker:
                 self.compiles = max(self.compiles, compiles)
                 if kind == "fatal":
                     self._proc.join(timeout=10)
-                    msg = payload if isinstance(payload, str) else "; ".join(d["message"] for d in payload)
+                    msg = payload if isinstance(payload, str) else "; ".join(d["message"] for d in payload["findings"])
                     out = self._died(prop, f"hit a fatal CUDA error ({msg})")
                     return out
                 if kind == "error":
                     return [Finding("launch", "H*", f"the check raised {payload}")]
                 self.inflight_path.unlink(missing_ok=True)
-                return [Finding(**d) for d in payload]
+                res = Findings(Finding(**d) for d in payload["findings"])
+                res.metrics = payload["metrics"]
+                return res
             if not self._proc.is_alive():
                 break
             if time.monotonic() > deadline:
