@@ -135,6 +135,11 @@ def cmd_precision(args) -> int:
                 worst = max((cells[o]["max_ratio"] for o in ("y", "u", "k", "g", "fold") if o in cells), default=0)
                 tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}")
     console.print(tab)
+    if args.markdown:
+        from .precision import markdown
+
+        with open(args.markdown, "w") as fh:
+            fh.write(markdown(res))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=device,
@@ -189,6 +194,30 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_unguarded(args) -> int:
+    from .unguarded import run_all
+
+    target = get_target(args.target or default_target_name())
+    device = args.device or _default_device(target)
+    why = target.unavailable_reason(device)
+    if why:
+        console.print(f"[red]cannot run:[/red] {why}")
+        return 2
+    arms = _parse_arms(args.arms) if args.arms else ARM_NAMES
+    rows = run_all(target, arms, tuple(args.T), device)
+    t = Table(title=f"known unguarded inputs on {target} ({device}): measured consequences")
+    for col in ("scenario", "clause", "arm", "T", "result"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        rest = {k: v for k, v in r.items() if k not in ("scenario", "clause", "arm", "T")}
+        t.add_row(r["scenario"], r["clause"], r["arm"], str(r["T"]), json.dumps(rest))
+    console.print(t)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(target=str(target), device=device, rows=rows), fh, indent=1)
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import report
 
@@ -227,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-steer", action="store_true", help="plain random generation (no target() phase)")
     p.add_argument("--json")
+    p.add_argument("--markdown", help="write the table as Markdown here")
     p.set_defaults(func=cmd_precision)
     rp = sub.add_parser("replay", help="re-run corpus entries against their target (or --target)")
     rp.add_argument("entries", nargs="*", help="entry files or folders (default: the corpus folder)")
@@ -238,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--campaign", help="the campaign's --json record (findings, budget, versions)")
     rep.add_argument("--out", default="report", help="output folder")
     rep.set_defaults(func=cmd_report)
+    ug = sub.add_parser("unguarded", help="measure what unvalidated inputs do (hist_len > 16, duplicate slots, ...)")
+    ug.add_argument("--target")
+    ug.add_argument("--arms", nargs="+")
+    ug.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    ug.add_argument("--device")
+    ug.add_argument("--json")
+    ug.set_defaults(func=cmd_unguarded)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
     return ap

@@ -59,3 +59,16 @@ def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, s
                 res[str(t)].setdefault(arm, {})[T] = cells[str(t)]
                 cells[str(t)]["_seconds"] = time.monotonic() - t0
     return res
+
+
+def markdown(res: dict, outputs=("y", "u", "k", "g", "fold")) -> str:
+    """Table: per target, arm and T, the largest error / magnitude and its ratio to the tolerance."""
+    lines = ["| target | arm | T | " + " | ".join(f"{o} (ratio)" for o in outputs) + " |",
+             "|---|---|---|" + "---|" * len(outputs)]
+    for tname, per_arm in res.items():
+        for arm, per_T in per_arm.items():
+            for T, cells in per_T.items():
+                vals = [f"{cells[o]['max_rel']:.2e} ({cells[o]['max_ratio']:.2f})" if o in cells else "-"
+                        for o in outputs]
+                lines.append(f"| {tname} | {arm} | {T} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
