@@ -24,7 +24,7 @@ def gates(a, dt_bias, A_log, b):
     rounded to the IO dtype (N4).
     """
     x = a.double() + dt_bias.double()  # [B, T, HV]
-    g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(x, beta=1.0, threshold=1e308)
+    g = -torch.exp(A_log.double()) * torch.logaddexp(x, torch.zeros_like(x))  # ln(1 + e^x), finite for any x
     beta = torch.sigmoid(b.double())
     return g, beta
 

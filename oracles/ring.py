@@ -40,8 +40,10 @@ def gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV: int)
     """
     H = k_cache.shape[1]
     P = hist_len.long()
-    if bool((P > W_RING).any()) or bool((P < 0).any()):
-        raise ValueError(f"hist_len must lie in [0, {W_RING}] for the ring model; got {P.tolist()}")
+    live_rows = idx.long() >= 0  # pad rows' cursors are never read (M8)
+    if bool(((P > W_RING) | (P < 0))[live_rows].any()):
+        raise ValueError(f"hist_len of non-pad rows must lie in [0, {W_RING}] for the ring model; got {P.tolist()}")
+    P = torch.where(live_rows, P, torch.zeros_like(P))
     rows = idx.long().clamp(min=0)
     valid = (torch.arange(W_RING, device=P.device)[None, :] < P[:, None]) & (idx.long() >= 0)[:, None]
     slots = ring_slots(cache_base, 0, W_RING)  # [B, 16]
@@ -61,7 +63,7 @@ def gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV: int)
 def anchor(G, hist_len):
     """M3: G_P = G_{P-1}, or 0 for an empty window.  G [B, HV, 16] -> [B, HV]."""
     P = hist_len.long()
-    last = (P - 1).clamp(min=0)
+    last = (P - 1).clamp(0, W_RING - 1)  # pad rows may carry any cursor (M8): keep the gather in range
     GP = G.gather(2, last[:, None, None].expand(-1, G.shape[1], 1)).squeeze(2)
     return torch.where((P > 0)[:, None], GP, torch.zeros_like(GP))
 
