@@ -21,6 +21,7 @@ from gdn_fuzz.targets import get_target
 from .planted import PLANTS, plant
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # gdn_record spans all examples on purpose
 @given(data=st.data())
 def test_launch_matches_oracle_and_write_set(target_under_test, gdn_record, data):
     """M1-M8: outputs, appends and fold within tolerance; nothing outside the write set changes."""
