@@ -1,0 +1,717 @@
+"""Relations between launches: properties that need no oracle and compare bits, not tolerances.
+
+How these relations test, in plain words
+----------------------------------------
+The float64 oracle (gdn_fuzz.checks) can only say "close enough".  Many promises of the
+contract are stronger: two launches that must compute the same thing the same way must give
+the same *bits*.  Each relation here materializes a Case once, launches it as drawn (the
+base run), then launches a transformed copy of the *same* tensors and compares the two runs
+bit for bit (checks.same_bits).  Every launch gets its own clone of the inputs, because a
+launch writes the rings and the pool in place.  Only live rows' outputs are compared: a pad
+row's output is uninitialized (M8).  Nothing here needs a reference implementation, so the
+same checks run against the CPU reference target and the production kernel on a GPU.
+
+routing          (M7, M8) the case again with flush_min moved so that at least one row
+                 switches between flush and verify.  y and the appended k/u records must be
+                 bit-identical (same instruction path); only the switched rows' g appends and
+                 pool rows may differ; every other element keeps its bits.
+determinism      (R1-R3) the same inputs launched twice give the same output bits and the same
+                 buffers after; and, without launching, the case's ring read set (the
+                 windows) and write set (the appends) are disjoint (R2).
+output_inplace   (M8) a caller-provided contiguous IO-dtype output filled with a recognizable
+                 pattern is the object returned, its pad rows keep the pattern, its live rows
+                 equal a run with output=None; a transposed (non-contiguous) output and an
+                 fp32 output get the same live rows through the copy path.
+metamorphic      transformations the math is blind to, each compared with the base run:
+  batch_perm     (R1) permuting the batch rows permutes y and leaves the same buffers;
+  slot_move      (M3, M5, M7) moving one request to a free pool slot (pool row and its rings
+                 copied there, the vacated slot poisoned with NaN) moves its results;
+  pool_relabel   (M3, M5, M7) relabelling every pool slot by a permutation does the same;
+  isolation      (R1) a row's results do not change when the other rows become pad rows;
+  rotation       (M3, M5) adding r to a row's cache_base and rotating its 32 ring slots by r
+                 (the same logical window) leaves y unchanged and rotates the appends;
+  strided_qkv    (H16, table 1.1) q/k/v as views of one fused projection tensor give the
+                 same bits as compact tensors;
+  strided_ab     (table 1.1) a/b as views of a fused [B, T, 2*HV + pad] tensor: the same;
+  strided_pool   (H8, H16) the pool and rings as dim-0 block-strided views of larger pages
+                 give the same bits and leave the rest of each page untouched.  A target that
+                 refuses the mode with NotImplementedError (H16: it needs
+                 SGLANG_GDN_WY_STRIDED_QKV=1 at import) records nothing for it.
+
+Transformations choose their permutations, rows and offsets with a random.Random seeded from
+the case's seed and the relation's name, so a Case replays exactly.  Every check has the
+signature check_X(target, case, device) -> list[Finding] and registers itself as a campaign
+property (gdn_fuzz.properties) at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+
+from .case import RING_SLOTS, W_RING, Case, Row, materialize
+from .checks import BUFFERS, Finding, Observation, check_writes, observe, same_bits
+from .oracles import ring as ring_oracle
+from .targets import Target
+
+POOL_KEYS = ("initial_state_source", "k_cache", "u_cache", "g_cache")  # indexed by pool slot
+BATCH_KEYS = ("q", "k", "v", "a", "b", "initial_state_indices", "hist_len", "cache_base")  # by batch row
+CURSORS = ("hist_len", "cache_base")
+# the clause a difference in each buffer breaks
+BUFFER_CLAUSE = {"initial_state_source": "M7", "k_cache": "M5", "u_cache": "M5", "g_cache": "M6",
+                 "hist_len": "C2", "cache_base": "C2"}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _clone(inputs: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _run(target: Target, case: Case, device, inputs: dict, output=None) -> Observation:
+    """One launch on a private copy of `inputs` (the caller's dict and tensors stay untouched)."""
+    return observe(target, case, device, inputs=_clone(inputs), output=output)
+
+
+def _rng(case: Case, name: str) -> random.Random:
+    return random.Random(f"{case.seed}:{name}")
+
+
+def _live(inputs: dict) -> torch.Tensor:
+    return inputs["initial_state_indices"].long() >= 0
+
+
+def _failed(prop: str, obs: Observation, what: str = "a legal launch") -> list[Finding]:
+    """A launch that raised or returned no output, as a finding (empty when it went fine)."""
+    if obs.error is not None:
+        return [Finding(f"{prop}.launch", "H*", f"{what} raised {type(obs.error).__name__}: {obs.error}")]
+    if not isinstance(obs.output, torch.Tensor):
+        return [Finding(f"{prop}.launch", "M8", f"{what} returned {type(obs.output).__name__}, not the output tensor")]
+    return []
+
+
+def _maxdiff(got: torch.Tensor, want: torch.Tensor, diff: torch.Tensor) -> float:
+    d = (got.double() - want.double()).abs()[diff]
+    d = torch.nan_to_num(d, nan=float("inf"))
+    return float(d.max().item()) if d.numel() else 0.0
+
+
+def _diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor | None,
+          what: str, *, head_dim: int | None = None, row_of=None) -> list[Finding]:
+    """A finding when got and want differ in any bit where mask (broadcast) is True.
+
+    head_dim: the head axis, to name the first differing (row, head); row_of: maps the first
+    differing index to a batch row (default: index[0]).
+    """
+    diff = ~same_bits(got, want)
+    if mask is not None:
+        diff = diff & mask
+    n = int(diff.sum().item())
+    if n == 0:
+        return []
+    first = diff.nonzero()[0].tolist()
+    row = row_of(first) if row_of is not None else first[0]
+    head = first[head_dim] if head_dim is not None else None
+    return [Finding(prop, clause, f"{what}: {n} element(s) differ in their bits, first at index {first}",
+                    row=row, head=head, value=_maxdiff(got, want, diff))]
+
+
+def _y_diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, live: torch.Tensor,
+            what: str) -> list[Finding]:
+    """Output rows [B, T, HV, V] of live rows only (a pad row's output is uninitialized, M8)."""
+    return _diff(prop, clause, got, want, live[:, None, None, None], what, head_dim=2)
+
+
+def _slot_owner(inputs: dict):
+    """index -> the batch row whose pool slot is index[0] (None when no live row uses it)."""
+    owner = {}
+    for b, s in enumerate(inputs["initial_state_indices"].tolist()):
+        if s >= 0:
+            owner.setdefault(s, b)
+    return lambda first: owner.get(first[0])
+
+
+def _buffers_diff(prop: str, got: dict, want: dict, keys, what: str, *, masks: dict | None = None,
+                  owner=None) -> list[Finding]:
+    out = []
+    for name in keys:
+        m = None if masks is None else masks.get(name)
+        row_of = owner if name in POOL_KEYS else None
+        out += _diff(f"{prop}.{name}_bits", BUFFER_CLAUSE[name], got[name], want[name], m,
+                     f"{what} ({name})", row_of=row_of)
+    return out
+
+
+def _append_slots(inputs: dict, T: int) -> torch.Tensor:
+    """[B, T] ring slots (base + P + s) & 31 of every row's appends (M5)."""
+    base = inputs["cache_base"].long()
+    P = inputs["hist_len"].long()
+    return (base[:, None] + P[:, None] + torch.arange(T, device=base.device)[None, :]) & (RING_SLOTS - 1)
+
+
+def _base(target: Target, case: Case, device, prop: str):
+    """Materialize once and launch as drawn: (inputs, observation, findings)."""
+    inputs = materialize(case, device)
+    obs = _run(target, case, device, inputs)
+    return inputs, obs, _failed(prop, obs, "the base launch of a legal case")
+
+
+def _one_cycle(rng: random.Random, n: int) -> list[int]:
+    """A random permutation that is one n-cycle (it moves every element when n >= 2)."""
+    order = list(range(n))
+    rng.shuffle(order)
+    perm = [0] * n
+    for i in range(n):
+        perm[order[i]] = order[(i + 1) % n]
+    return perm
+
+
+# ------------------------------------------------------------------ 1. routing (M7, M8)
+
+
+def alternate_flush_min(case: Case) -> int | None:
+    """A legal flush_min in [1, 17 - T] that switches the most non-pad rows between flush and
+    verify (the closest to the case's own on ties); None when no legal value switches any."""
+    hi = W_RING - case.T + 1
+    Ps = [r.hist_len for r in case.rows if not r.pad]
+    fmin = case.fmin
+
+    def flips(f):
+        return sum((P >= f) != (P >= fmin) for P in Ps)
+
+    best = max(range(1, hi + 1), key=lambda f: (flips(f), -abs(f - fmin), -f))
+    return best if flips(best) else None
+
+
+def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """M7, M8: a row's route (flush or verify) changes nothing but its g appends and its pool row.
+
+    The case runs as drawn and again with flush_min moved (alternate_flush_min) so that some
+    rows switch route.  For every non-pad row, y and the appended k/u records are
+    bit-identical (M7: the same instruction path); rows that keep their route keep their g
+    appends and pool row bit-identical (M6, M7); switched rows may differ only in the g
+    appends (M6: local restart) and the pool row (M7: the fold); every other element of the
+    rings and pool keeps its bits in both runs (M8, via checks.check_writes).  With
+    restart_hist_on_flush=True the committed cursors of rows that kept their route are
+    bit-identical too (C2).  No legal flush_min switches any row: no finding.
+    """
+    f2 = alternate_flush_min(case)
+    if f2 is None:
+        return []
+    inputs, a, bad = _base(target, case, device, "routing")
+    if bad:
+        return bad
+    case2 = dataclasses.replace(case, flush_min=f2)
+    inputs2 = dict(inputs, flush_min=f2)
+    b = _run(target, case2, device, inputs2)
+    bad = _failed("routing", b, f"the launch with flush_min={f2}")
+    if bad:
+        return bad
+    live = _live(inputs)
+    P = inputs["hist_len"].long()
+    switched = live & ((P >= case.fmin) != (P >= f2))
+    where = f"flush_min {case.fmin} vs {f2} (rows {switched.nonzero().flatten().tolist()} switch route)"
+    out = _y_diff("routing.y_bits", "M7", b.output, a.output, live, f"y of a live row, {where}")
+    # allowed differences: g appends and pool rows of switched rows
+    pool_n = inputs["initial_state_source"].shape[0]
+    HV = inputs["u_cache"].shape[1]
+    idx = inputs["initial_state_indices"].long()
+    g_ok = torch.zeros(pool_n, RING_SLOTS, dtype=torch.bool, device=P.device)
+    sw_rows = idx[switched]
+    sl = _append_slots(inputs, case.T)[switched]
+    g_ok[sw_rows[:, None].expand_as(sl), sl] = True
+    pool_ok = torch.zeros(pool_n, dtype=torch.bool, device=P.device)
+    pool_ok[sw_rows] = True
+    masks = {"initial_state_source": ~pool_ok[:, None, None, None],
+             "g_cache": ~g_ok[:, None, :].expand(pool_n, HV, RING_SLOTS)}
+    out += _buffers_diff("routing", b.after, a.after, POOL_KEYS, f"buffers after, {where}",
+                         masks=masks, owner=_slot_owner(inputs))
+    if case.restart_hist_on_flush:
+        for name in CURSORS:
+            out += _diff(f"routing.{name}_bits", "C2", b.after[name], a.after[name], ~switched,
+                         f"committed {name} of a row that kept its route, {where}")
+    for obs, tag in ((a, f"flush_min={case.fmin}"), (b, f"flush_min={f2}")):
+        for f in check_writes(obs):
+            out.append(dataclasses.replace(f, prop=f"routing.{f.prop}", message=f"{tag}: {f.message}"))
+    return out
+
+
+# ------------------------------------------------------------------ 2. determinism (R1-R3)
+
+
+def check_rw_disjoint(case: Case, device="cpu") -> list[Finding]:
+    """R2 (pure, no launch): the rings' read set (the windows, M3) and write set (the appends,
+    M5) of the case are disjoint, so no CTA reads what another writes; duplicate slots (R3)
+    or P + T > 32 break it."""
+    dev = torch.device(device)
+    idx = torch.tensor([r.slot for r in case.rows], dtype=torch.int32, device=dev)
+    P = torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32, device=dev)
+    base = torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32, device=dev)
+    rs = ring_oracle.read_set(pool_size=case.pool, H=case.H, HV=case.HV, idx=idx, hist_len=P, cache_base=base)
+    ws = ring_oracle.write_set(pool_size=case.pool, H=case.H, HV=case.HV, T=case.T, idx=idx, hist_len=P,
+                               cache_base=base, flush_min=case.fmin)
+    both = rs & (ws.g_ring.any(1) | ws.u_ring.any(1) | ws.k_ring.any(1))
+    if not bool(both.any()):
+        return []
+    s, j = both.nonzero()[0].tolist()
+    return [Finding("determinism.rw_disjoint", "R2",
+                    f"pool slot {s} ring slot {j} is both read (a window) and written (an append) by this "
+                    f"launch ({int(both.sum())} such slots): its result depends on CTA order")]
+
+
+def check_determinism(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """R1-R3: two launches from identical inputs give bit-identical live output rows and
+    bit-identical buffers after (pool, rings, cursors), and the case's read and write sets
+    are disjoint (R2, check_rw_disjoint).  A case whose sets overlap is racy by contract
+    (R3), so it is not launched."""
+    out = check_rw_disjoint(case, device)
+    if out:
+        return out
+    inputs, a, bad = _base(target, case, device, "determinism")
+    if bad:
+        return bad
+    b = _run(target, case, device, inputs)
+    bad = _failed("determinism", b, "the second launch of the same inputs")
+    if bad:
+        return bad
+    out = _y_diff("determinism.y_bits", "R1", b.output, a.output, _live(inputs),
+                  "y of a live row between two launches of the same inputs")
+    for f in _buffers_diff("determinism", b.after, a.after, BUFFERS,
+                           "buffers after two launches of the same inputs", owner=_slot_owner(inputs)):
+        out.append(dataclasses.replace(f, clause="R1"))
+    return out
+
+
+# ------------------------------------------------------------------ 3. output in place (M8)
+
+
+def output_pattern(shape, dtype, device) -> torch.Tensor:
+    """7 + (flat index mod 64) / 8: exact in bf16/fp16/fp32, position-dependent, never y-like."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (7.0 + (torch.arange(n, device=device) % 64).float() / 8.0).to(dtype).reshape(shape)
+
+
+def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """M8 (and table 1.1 `output`): where the output goes does not change what is computed.
+
+    A contiguous [B, T, HV, V] IO-dtype output pre-filled with output_pattern is written in
+    place: the launch returns that very object, its pad rows keep the pattern bytes (a pad
+    row writes nothing), its live rows equal the output=None run bitwise, and the buffers
+    after are the same.  A transposed view (non-contiguous) and an fp32 tensor go through
+    the copy path: the same object comes back and its live rows equal the output=None run
+    bitwise (exactly converted for fp32); their pad rows are scratch (M8) and not checked.
+    """
+    inputs, a, bad = _base(target, case, device, "output_inplace")
+    if bad:
+        return bad
+    live = _live(inputs)
+    B, T, H, _ = inputs["q"].shape
+    HV, V = inputs["v"].shape[2], inputs["v"].shape[3]
+    io = inputs["q"].dtype
+    dev = inputs["q"].device
+    out: list[Finding] = []
+    # contiguous, exact shape and dtype: in place
+    buf = output_pattern((B, T, HV, V), io, dev)
+    pattern = buf.clone()
+    obs = _run(target, case, device, inputs, output=buf)
+    if obs.error is not None:
+        return _failed("output_inplace", obs, "a launch with a contiguous output tensor")
+    if obs.output is not buf:
+        out.append(Finding("output_inplace.identity", "M8",
+                           "a contiguous [B, T, HV, V] IO-dtype output was not the object returned"))
+    out += _diff("output_inplace.pad_rows", "M8", buf, pattern, ~live[:, None, None, None],
+                 "a pad row's bytes in the caller's output changed (a pad row writes nothing)", head_dim=2)
+    out += _y_diff("output_inplace.y_bits", "M8", buf, a.output, live,
+                   "y written in place vs output=None")
+    out += _buffers_diff("output_inplace", obs.after, a.after, POOL_KEYS,
+                         "buffers after, in-place output vs output=None", owner=_slot_owner(inputs))
+    # non-contiguous (a transposed view): copy path
+    tbuf = output_pattern((B, HV, T, V), io, dev).transpose(1, 2)
+    obs = _run(target, case, device, inputs, output=tbuf)
+    if obs.error is not None:
+        out += _failed("output_inplace", obs, "a launch with a transposed output view")
+    else:
+        if obs.output is not tbuf:
+            out.append(Finding("output_inplace.strided_identity", "M8",
+                               "a non-contiguous output was not the object returned"))
+        out += _y_diff("output_inplace.strided_y_bits", "M8", tbuf, a.output, live,
+                       "y copied into a transposed output view vs output=None")
+    # another dtype: copy path with exact conversion
+    fbuf = torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=dev)
+    obs = _run(target, case, device, inputs, output=fbuf)
+    if obs.error is not None:
+        out += _failed("output_inplace", obs, "a launch with an fp32 output tensor")
+    else:
+        if obs.output is not fbuf:
+            out.append(Finding("output_inplace.converted_identity", "M8",
+                               "an fp32 output was not the object returned"))
+        out += _y_diff("output_inplace.converted_y_bits", "M8", fbuf, a.output.float(), live,
+                       "y copied into an fp32 output vs output=None (the conversion is exact)")
+    return out
+
+
+# ------------------------------------------------------------------ 4. metamorphic
+
+
+def _extend_pool(t: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([t, t[:1].expand(n, *t.shape[1:])], 0).clone() if n else t
+
+
+def batch_perm(target, case, device, inputs, a) -> list[Finding]:
+    """R1: permuting the batch rows (one cycle moving every row) permutes y and leaves the
+    same pool and rings; committed cursors are permuted with their rows."""
+    B = case.B
+    if B < 2:
+        return []
+    perm = _one_cycle(_rng(case, "batch_perm"), B)  # new row i = old row perm[i]
+    pt = torch.tensor(perm, device=inputs["q"].device)
+    case2 = dataclasses.replace(case, rows=tuple(case.rows[p] for p in perm))
+    inp2 = dict(inputs)
+    for key in BATCH_KEYS:
+        inp2[key] = inputs[key][pt].clone()
+    b = _run(target, case2, device, inp2)
+    bad = _failed("metamorphic.batch_perm", b, "the launch with permuted batch rows")
+    if bad:
+        return bad
+    live2 = _live(inp2)
+    out = _y_diff("metamorphic.batch_perm.y_bits", "R1", b.output, a.output[pt], live2,
+                  f"y of new row i vs old row perm[i], perm={perm}")
+    want = {k: a.after[k] for k in POOL_KEYS}
+    want.update({k: a.after[k][pt] for k in CURSORS})
+    out += _buffers_diff("metamorphic.batch_perm", b.after, want, BUFFERS,
+                         f"buffers after with batch rows permuted by {perm}", owner=_slot_owner(inputs))
+    return [dataclasses.replace(f, clause="R1") if f.clause != "C2" else f for f in out]
+
+
+def slot_move(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5, M7: every access goes through initial_state_indices.  One live request moves to
+    a slot no row uses (appended to the pool when none is free): its pool row and its rings
+    are copied there and the vacated slot is filled with NaN.  y is bitwise the same, the new
+    slot after equals the old slot after, and the vacated slot keeps its NaN."""
+    live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
+    if not live_rows:
+        return []
+    rng = _rng(case, "slot_move")
+    r = rng.choice(live_rows)
+    s = case.rows[r].slot
+    used = {x.slot for x in case.rows if not x.pad}
+    free = [x for x in range(case.pool) if x not in used]
+    if free:
+        u, pool2 = rng.choice(free), case.pool
+    else:
+        u, pool2 = case.pool, case.pool + 1
+    inp2 = dict(inputs)
+    for key in POOL_KEYS:
+        t = _extend_pool(inputs[key], pool2 - case.pool).clone()
+        t[u] = inputs[key][s]
+        t[s] = float("nan")
+        inp2[key] = t
+    idx = inputs["initial_state_indices"].clone()
+    idx[r] = u
+    inp2["initial_state_indices"] = idx
+    rows = list(case.rows)
+    rows[r] = dataclasses.replace(rows[r], slot=u)
+    case2 = dataclasses.replace(case, rows=tuple(rows), pool=pool2)
+    b = _run(target, case2, device, inp2)
+    what = f"row {r} moved from pool slot {s} to {u}" + ("" if free else " (appended to the pool)")
+    bad = _failed("metamorphic.slot_move", b, f"the launch with {what}")
+    if bad:
+        return bad
+    out = _y_diff("metamorphic.slot_move.y_bits", "M3", b.output, a.output, _live(inputs), f"y, {what}")
+    want = {}
+    for key in POOL_KEYS:
+        w = _extend_pool(a.after[key], pool2 - case.pool).clone()
+        w[u] = a.after[key][s]
+        w[s] = inp2[key][s]
+        want[key] = w
+    want.update({k: a.after[k] for k in CURSORS})
+    out += _buffers_diff("metamorphic.slot_move", b.after, want, BUFFERS, f"buffers after, {what}",
+                         owner=_slot_owner(inp2))
+    return out
+
+
+def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5, M7: relabelling every pool slot by a permutation sigma (pool rows and rings
+    moved to sigma(slot), indices mapped through sigma) changes no bit of y and relabels the
+    buffers after the same way."""
+    n = case.pool
+    if n < 2:
+        return []
+    sigma = _one_cycle(_rng(case, "pool_relabel"), n)  # old slot i -> new slot sigma[i]
+    dev = inputs["q"].device
+    st = torch.tensor(sigma, device=dev)
+    inv = torch.empty_like(st)
+    inv[st] = torch.arange(n, device=dev)
+    inp2 = dict(inputs)
+    for key in POOL_KEYS:
+        inp2[key] = inputs[key][inv].clone()  # new[j] = old[inv[j]]
+    idx = inputs["initial_state_indices"].long()
+    inp2["initial_state_indices"] = torch.where(idx >= 0, st[idx.clamp(min=0)], idx).to(torch.int32)
+    case2 = dataclasses.replace(case, rows=tuple(
+        r if r.pad else dataclasses.replace(r, slot=sigma[r.slot]) for r in case.rows))
+    b = _run(target, case2, device, inp2)
+    what = f"pool slots relabelled by {sigma}"
+    bad = _failed("metamorphic.pool_relabel", b, f"the launch with {what}")
+    if bad:
+        return bad
+    out = _y_diff("metamorphic.pool_relabel.y_bits", "M3", b.output, a.output, _live(inputs), f"y, {what}")
+    want = {k: a.after[k][inv] for k in POOL_KEYS}
+    want.update({k: a.after[k] for k in CURSORS})
+    out += _buffers_diff("metamorphic.pool_relabel", b.after, want, BUFFERS, f"buffers after, {what}",
+                         owner=_slot_owner(inp2))
+    return out
+
+
+def isolation(target, case, device, inputs, a) -> list[Finding]:
+    """R1 (one CTA per (row, head), no communication): the live rows are split in two groups;
+    each group runs with the other rows turned into pad rows (same batch size and positions).
+    Its rows' y, pool rows, rings and cursors are bitwise those of the full run, and no slot
+    of the padded rows is touched."""
+    live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
+    if len(live_rows) < 2:
+        return []
+    rng = _rng(case, "isolation")
+    rng.shuffle(live_rows)
+    out = []
+    dev = inputs["q"].device
+    for group in (sorted(live_rows[0::2]), sorted(live_rows[1::2])):
+        keep = torch.zeros(case.B, dtype=torch.bool, device=dev)
+        keep[group] = True
+        inp2 = dict(inputs)
+        inp2["initial_state_indices"] = torch.where(keep, inputs["initial_state_indices"], -1).to(torch.int32)
+        inp2["hist_len"] = torch.where(keep, inputs["hist_len"], 0).to(torch.int32)
+        inp2["cache_base"] = torch.where(keep, inputs["cache_base"], 0).to(torch.int32)
+        case2 = dataclasses.replace(case, rows=tuple(
+            r if i in group else Row(slot=-1, hist_len=0, cache_base=0) for i, r in enumerate(case.rows)))
+        b = _run(target, case2, device, inp2)
+        what = f"only rows {group} live, the others pad rows"
+        bad = _failed("metamorphic.isolation", b, f"the launch with {what}")
+        if bad:
+            out += bad
+            continue
+        out += _y_diff("metamorphic.isolation.y_bits", "R1", b.output, a.output, keep, f"y, {what}")
+        slots = torch.tensor([case.rows[i].slot for i in group], device=dev, dtype=torch.long)
+        want = {}
+        for key in POOL_KEYS:
+            w = inputs[key].clone()
+            w[slots] = a.after[key][slots]
+            want[key] = w
+        masks = {k: keep for k in CURSORS}
+        want.update({k: a.after[k] for k in CURSORS})
+        found = _buffers_diff("metamorphic.isolation", b.after, want, BUFFERS, f"buffers after, {what}",
+                              masks=masks, owner=_slot_owner(inp2))
+        out += [dataclasses.replace(f, clause="R1") if f.clause != "C2" else f for f in found]
+    return out
+
+
+def rotation(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5: slot(j) = (base + j) & 31 is the only place a physical slot appears.  Each live
+    row's cache_base grows by r in [1, 31] and its pool slot's 32 ring slots are rolled by r
+    (the same logical window): y is bitwise unchanged, the rings after are the base run's
+    rolled by r, the pool is unchanged and the committed cache_base is shifted by r."""
+    live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
+    if not live_rows:
+        return []
+    rng = _rng(case, "rotation")
+    rot = {i: rng.randrange(1, RING_SLOTS) for i in live_rows}
+    dev = inputs["q"].device
+    inp2 = dict(inputs)
+    for key in ("k_cache", "u_cache", "g_cache"):
+        inp2[key] = inputs[key].clone()
+    shift = torch.zeros(case.B, dtype=torch.int32, device=dev)
+    for i, r in rot.items():
+        s = case.rows[i].slot
+        shift[i] = r
+        for key in ("k_cache", "u_cache", "g_cache"):
+            inp2[key][s] = torch.roll(inputs[key][s], r, dims=1)
+    inp2["cache_base"] = ((inputs["cache_base"] + shift) & (RING_SLOTS - 1)).to(torch.int32)
+    case2 = dataclasses.replace(case, rows=tuple(
+        dataclasses.replace(r, cache_base=(r.cache_base + rot.get(i, 0)) & (RING_SLOTS - 1))
+        for i, r in enumerate(case.rows)))
+    b = _run(target, case2, device, inp2)
+    what = "ring rotated by " + ", ".join(f"row {i}: {r}" for i, r in rot.items())
+    bad = _failed("metamorphic.rotation", b, f"the launch with the {what}")
+    if bad:
+        return bad
+    out = _y_diff("metamorphic.rotation.y_bits", "M3", b.output, a.output, _live(inputs), f"y, {what}")
+    want = {"initial_state_source": a.after["initial_state_source"], "hist_len": a.after["hist_len"]}
+    for key in ("k_cache", "u_cache", "g_cache"):
+        w = a.after[key].clone()
+        for i, r in rot.items():
+            s = case.rows[i].slot
+            w[s] = torch.roll(a.after[key][s], r, dims=1)
+        want[key] = w
+    want["cache_base"] = ((a.after["cache_base"] + shift) & (RING_SLOTS - 1)).to(torch.int32)
+    out += _buffers_diff("metamorphic.rotation", b.after, want, BUFFERS, f"buffers after, {what}",
+                         owner=_slot_owner(inputs))
+    return out
+
+
+def fused_qkv(inputs: dict, pad: int = 64) -> dict:
+    """q, k, v as views of one fused [B, T, H*K + H*K + HV*V + pad] projection (the serving
+    layout: one token stride shared by the three, non-contiguous).  The pad columns hold
+    NaN, so a read outside a view shows."""
+    q, k, v = (inputs[n] for n in ("q", "k", "v"))
+    B, T, H, K = q.shape
+    HK = k.shape[2]
+    HV, V = v.shape[2], v.shape[3]
+    w = H * K + HK * K + HV * V
+    fused = torch.full((B, T, w + pad), float("nan"), dtype=q.dtype, device=q.device)
+    fused[..., : H * K] = q.reshape(B, T, -1)
+    fused[..., H * K: H * K + HK * K] = k.reshape(B, T, -1)
+    fused[..., H * K + HK * K: w] = v.reshape(B, T, -1)
+    return dict(inputs,
+                q=fused[..., : H * K].view(B, T, H, K),
+                k=fused[..., H * K: H * K + HK * K].view(B, T, HK, K),
+                v=fused[..., H * K + HK * K: w].view(B, T, HV, V))
+
+
+def fused_ab(inputs: dict, pad: int = 64) -> dict:
+    """a and b as views of one fused [B, T, 2*HV + pad] gate projection (token stride
+    2*HV + pad, equal strides, non-contiguous; b starts HV elements in).  Pad is NaN."""
+    a, b = inputs["a"], inputs["b"]
+    B, T, HV = a.shape
+    ab = torch.full((B, T, 2 * HV + pad), float("nan"), dtype=a.dtype, device=a.device)
+    ab[..., :HV] = a
+    ab[..., HV: 2 * HV] = b
+    return dict(inputs, a=ab[..., :HV], b=ab[..., HV: 2 * HV])
+
+
+def _run_views(target, case, device, inputs: dict, make) -> tuple[Observation, dict]:
+    """A launch on views built by make(cloned inputs); returns the observation and the views
+    (observe's `after` holds the views, so the caller sees what the launch wrote)."""
+    kw = make(_clone(inputs))
+    return observe(target, case, device, inputs=kw), kw
+
+
+def _same_as_compact(name: str, clause: str, target, case, device, inputs, a, make, what: str) -> list[Finding]:
+    b, _ = _run_views(target, case, device, inputs, make)
+    prop = f"metamorphic.{name}"
+    bad = _failed(prop, b, f"the launch with {what}")
+    if bad:
+        return bad
+    out = _y_diff(f"{prop}.y_bits", clause, b.output, a.output, _live(inputs), f"y with {what} vs compact")
+    out += _buffers_diff(prop, b.after, a.after, BUFFERS, f"buffers after, {what} vs compact",
+                         owner=_slot_owner(inputs))
+    return [dataclasses.replace(f, clause=clause) if f.clause != "C2" else f for f in out]
+
+
+def strided_qkv(target, case, device, inputs, a) -> list[Finding]:
+    """H16 / table 1.1: q/k/v given as strided views of one fused projection (fused_qkv; the
+    default mode copies them, the strided mode reads them in place) give the same output and
+    buffers bitwise as compact tensors."""
+    return _same_as_compact("strided_qkv", "H16", target, case, device, inputs, a, fused_qkv,
+                            "q/k/v as views of a fused projection")
+
+
+def strided_ab(target, case, device, inputs, a) -> list[Finding]:
+    """Table 1.1 (a, b: read in place if compact with equal strides, else copied): a and b
+    given as views of one fused gate projection (fused_ab) give the same output and buffers
+    bitwise as compact tensors.  No clause id covers the a/b layout, so findings cite "1.1"."""
+    return _same_as_compact("strided_ab", "1.1", target, case, device, inputs, a, fused_ab,
+                            "a/b as views of a fused [B, T, 2*HV + pad] tensor")
+
+
+def paged(t: torch.Tensor, pages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, view): view = page[:, 0] holds t, dim-0 stride `pages` times the dense one, inner
+    dims dense (H8); the rest of each page is NaN."""
+    page = torch.full((t.shape[0], pages, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
+    page[:, 0] = t
+    return page, page[:, 0]
+
+
+def strided_pool(target, case, device, inputs, a) -> list[Finding]:
+    """H8, H16: the pool and rings as block-strided views of larger pages (dim-0 stride twice
+    the dense one, inner dims dense, as paged serving layouts do) with q/k/v/a/b as fused views
+    (the strided mode wants slices sharing a token stride) give the same bits as compact
+    tensors, and the rest of every page keeps its NaN.  NotImplementedError (H16: the mode
+    needs SGLANG_GDN_WY_STRIDED_QKV=1 at import) records nothing."""
+    pages = {}
+
+    def make(kw):
+        kw = fused_qkv(kw)
+        for key in POOL_KEYS:
+            pages[key], kw[key] = paged(kw[key])
+        return kw
+
+    b, _ = _run_views(target, case, device, inputs, make)
+    if isinstance(b.error, NotImplementedError):
+        return []  # H16: the strided-pool mode is not enabled in this module instance
+    bad = _failed("metamorphic.strided_pool", b, "the launch with a block-strided pool and rings")
+    if bad:
+        return bad
+    out = _y_diff("metamorphic.strided_pool.y_bits", "H16", b.output, a.output, _live(inputs),
+                  "y with block-strided pool/rings vs compact")
+    out += _buffers_diff("metamorphic.strided_pool", b.after, a.after, BUFFERS,
+                         "buffers after, block-strided pool/rings vs compact", owner=_slot_owner(inputs))
+    for key, page in pages.items():
+        rest = page[:, 1:]
+        out += _diff("metamorphic.strided_pool.page_rest", "H8", rest, torch.full_like(rest, float("nan")),
+                     None, f"{key}: elements of the page outside the view were written")
+    return [dataclasses.replace(f, clause="H16") if f.clause not in ("C2", "H8") else f for f in out]
+
+
+METAMORPHIC = {
+    "batch_perm": batch_perm,
+    "slot_move": slot_move,
+    "pool_relabel": pool_relabel,
+    "isolation": isolation,
+    "rotation": rotation,
+    "strided_qkv": strided_qkv,
+    "strided_ab": strided_ab,
+    "strided_pool": strided_pool,
+}
+
+
+def check_metamorphic(target: Target, case: Case, device="cpu", only=None) -> list[Finding]:
+    """R1, M3, M5, M7, H8, H16, table 1.1: every relation in METAMORPHIC (or those named in `only`)
+    against one shared base launch; see each function's docstring for what it transforms."""
+    names = list(METAMORPHIC) if only is None else list(only)
+    inputs, a, bad = _base(target, case, device, "metamorphic")
+    if bad:
+        return bad
+    out = []
+    for name in names:
+        out += METAMORPHIC[name](target, case, device, inputs, a)
+    return out
+
+
+def metamorphic_check(*names):
+    """check_X(target, case, device) for a subset of METAMORPHIC (tests and single-relation runs)."""
+    for n in names:
+        if n not in METAMORPHIC:
+            raise ValueError(f"metamorphic relation {n!r} is unknown; use one of {', '.join(METAMORPHIC)}")
+
+    def check(target: Target, case: Case, device="cpu") -> list[Finding]:
+        return check_metamorphic(target, case, device, only=names)
+
+    check.__name__ = "check_metamorphic_" + "_".join(names)
+    check.__doc__ = "\n\n".join(f"{n}: {METAMORPHIC[n].__doc__}" for n in names)
+    return check
+
+
+# ------------------------------------------------------------------ registration
+
+
+def _register() -> None:
+    from . import properties as P
+
+    for name, clauses, doc, check in (
+        ("routing", "M7,M8", "flush_min moved so rows switch route: y and k/u appends bit-identical; "
+         "only switched rows' g appends and pool rows differ", check_routing),
+        ("determinism", "R1-R3", "two launches of the same inputs are bit-identical; read and write sets "
+         "are disjoint", check_determinism),
+        ("output_inplace", "M8", "caller output: same object, pad rows untouched, live rows bitwise equal "
+         "to output=None (also transposed and fp32 outputs)", check_output_inplace),
+        ("metamorphic", "R1,M3,M5,M7,H8,H16,1.1", "batch permutation, slot move, pool relabel, isolation, "
+         "ring rotation, strided q/k/v, strided a/b and strided pool: bitwise the same results", check_metamorphic),
+    ):
+        P.register(P.Property(name=name, clauses=clauses, doc=doc, strategy=P._cases, check=check))
+
+
+_register()

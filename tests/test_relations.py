@@ -1,0 +1,225 @@
+"""Bitwise relations between launches (gdn_fuzz.relations) against the selected target.
+
+How this file tests, in plain words
+-----------------------------------
+The oracle tests (test_launch.py) say "close to the float64 math".  The relations here say
+"exactly the same bits as another launch that must compute the same thing the same way",
+which catches bugs far below any tolerance: a flush row computing y from a rounded
+checkpoint, a launch that is not deterministic, an output tensor whose pad rows get
+overwritten, a row whose result depends on its batch position or on the slot indirection.
+
+Hypothesis draws a Case (geometry, dtype arm, rows with cursors at the routing edges, pad
+rows, a value regime and a seed); each relation materializes it once, launches it as drawn,
+launches a transformed copy of the same tensors (another flush_min, a second time, another
+output tensor, permuted rows, moved pool slots, rows turned into pads, rotated rings,
+strided views) and compares bits.  Pad rows' outputs are never compared (M8: uninitialized).
+
+The second half plants bugs in copies of the reference target (text edits, each applying
+exactly once) and requires the matching relation to find each within 300 examples with
+hypothesis.find (generation only: no shrinking, to keep the suite fast).  The unmodified
+reference passing the first half is the other side of that coin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, event, find, given, settings
+from hypothesis import strategies as st
+
+from gdn_fuzz import relations as R
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.properties import REGISTRY
+from gdn_fuzz.strategies import case_events, cases
+from gdn_fuzz.targets import REFERENCE_PATH, get_target
+
+from .planted import Plant, plant
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Small tensors: intra-op threads only add contention on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _run_check(target_under_test, data, check):
+    target, arms, device = target_under_test
+    case = data.draw(cases(arms=arms, restart=RESTART), label="case")
+    for e in case_events(case):
+        event(e)
+    findings = check(target, case, device)
+    assert not findings, "\n".join([case.describe()] + [str(f) for f in findings])
+    return case
+
+
+# ------------------------------------------------------------------ the relations hold
+
+# both cursor conventions: the relations compare committed cursors too (C2)
+RESTART = (False, True)
+
+
+@given(data=st.data())
+def test_routing_flush_and_verify_rows_bit_identical(target_under_test, data):
+    """M7, M8: moving flush_min so rows switch route changes only their g appends and pool rows."""
+    target, arms, device = target_under_test
+    case = data.draw(cases(arms=arms, restart=RESTART), label="case")
+    f2 = R.alternate_flush_min(case)
+    if f2 is None:
+        event("routing: no legal flush_min switches a row")
+    else:
+        n = sum((r.hist_len >= case.fmin) != (r.hist_len >= f2) for r in case.rows if not r.pad)
+        event(f"routing: {'1' if n == 1 else '2+'} row(s) switch route")
+    findings = R.check_routing(target, case, device)
+    assert not findings, "\n".join([case.describe()] + [str(f) for f in findings])
+
+
+@given(data=st.data())
+def test_determinism_same_inputs_same_bits(target_under_test, data):
+    """R1-R3: two launches of the same inputs give the same bits."""
+    _run_check(target_under_test, data, R.check_determinism)
+
+
+@given(case=cases())
+@settings(max_examples=200)
+def test_read_and_write_sets_disjoint(case):
+    """R2 (pure): every legal case reads its windows and writes its appends on disjoint slots."""
+    assert R.check_rw_disjoint(case) == []
+
+
+def test_read_write_overlap_is_reported():
+    """R2/R3: two rows on one pool slot overlap (one row's appends land in the other's window)."""
+    rows = (Row(slot=0, hist_len=8, cache_base=0), Row(slot=0, hist_len=0, cache_base=2))
+    case = Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=rows, seed=0)
+    found = R.check_rw_disjoint(case)
+    assert [f.prop for f in found] == ["determinism.rw_disjoint"] and found[0].clause == "R2"
+
+
+@given(data=st.data())
+def test_output_inplace_pad_rows_untouched(target_under_test, data):
+    """M8: in-place output is returned, pad rows keep their bytes, live rows match output=None."""
+    _run_check(target_under_test, data, R.check_output_inplace)
+
+
+@pytest.mark.parametrize("name", sorted(R.METAMORPHIC))
+@given(data=st.data())
+def test_metamorphic(target_under_test, name, data):
+    """R1, M3, M5, M7, H8, H16, table 1.1: the transformations of gdn_fuzz.relations.METAMORPHIC."""
+    _run_check(target_under_test, data, R.metamorphic_check(name))
+
+
+def test_relations_are_registered():
+    """Each relation is a campaign property whose strategy takes the campaign's keyword args."""
+    for name in ("routing", "determinism", "output_inplace", "metamorphic"):
+        p = REGISTRY[name]
+        assert callable(p.check) and p.clauses
+        p.strategy(arms=("bf16",), Ts=(4,), geometries=((1, 2),), buckets=(4,))
+
+
+def test_alternate_flush_min():
+    """The switched threshold is legal and switches a row; None when no legal value can."""
+    rows = (Row(0, 5, 0), Row(1, 0, 0), Row(-1, 0, 0))
+    case = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=rows, seed=0)  # fmin 13: row 0 verifies
+    f2 = R.alternate_flush_min(case)
+    assert 1 <= f2 <= 13 and 5 >= f2
+    stuck = dataclasses.replace(case, rows=(Row(0, 0, 0), Row(1, 16, 3)))  # P=0 and P=16 never switch
+    assert R.alternate_flush_min(stuck) is None
+
+
+# ------------------------------------------------------------------ planted bugs
+
+# the relation each plant breaks: (Plant, check, Finding.prop prefix that must appear)
+_Y = "    y = torch.stack(ys, 1).to(q.dtype)  # [B, T, HV, V]\n"
+RELATION_PLANTS = [
+    (Plant("flush_y_from_rounded_fold", "M7", "routing.",
+           "    fold = S.to(h0.dtype)\n",
+           "    fold = S.to(h0.dtype)\n"
+           "    S = torch.where(((P >= flush_min) & live)[:, None, None, None], fold.float(), S)\n",
+           "flush rows run the drafts from the STATE-rounded fold, verify rows from the f32 window state"),
+     R.check_routing),
+    (Plant("nondeterministic_y", "R1", "determinism.y_bits", _Y,
+           "    y = (torch.stack(ys, 1) + 1e-3 * torch.rand(B, Tq, HV, V, device=dev)).to(q.dtype)\n",
+           "y carries run-to-run noise (a race) of 1e-3"),
+     R.check_determinism),
+    (Plant("pad_rows_zeroed_in_place", "M8", "output_inplace.pad_rows",
+           "        output[live] = y[live]\n",
+           "        output[~live] = 0\n        output[live] = y[live]\n",
+           "an in-place output gets its pad rows zeroed"),
+     R.check_output_inplace),
+    (Plant("y_depends_on_batch_position", "R1", "metamorphic.batch_perm", _Y,
+           "    y = (torch.stack(ys, 1) * (1 + 1e-2 * torch.arange(B, device=dev)[:, None, None, None]))"
+           ".to(q.dtype)\n",
+           "y scaled by 1 + 1e-2 * batch row"),
+     R.metamorphic_check("batch_perm")),
+    (Plant("k_window_by_batch_row", "M3", "metamorphic.slot_move",
+           "    kw = k_cache[rows[:, None, None], ",
+           "    kw = k_cache[torch.arange(B, device=dev)[:, None, None], ",
+           "the window's keys read from k_cache[batch row] instead of k_cache[pool slot]"),
+     R.metamorphic_check("slot_move")),
+    (Plant("k_window_ignores_base", "M3", "metamorphic.rotation",
+           "(hv // G)[None, :, None], slots[:, None, :]]",
+           "(hv // G)[None, :, None], lanes[None, None, :]]",
+           "the window's keys read at physical slot j instead of (base + j) & 31"),
+     R.metamorphic_check("rotation")),
+    (Plant("window_len_batch_max", "R1", "metamorphic.isolation",
+           "    valid = (lanes[None, :] < P[:, None]) & live[:, None]\n",
+           "    valid = (lanes[None, :] < P.max()) & live[:, None]\n",
+           "every row loads as many window lanes as the longest window in the batch"),
+     R.metamorphic_check("isolation")),
+    (Plant("strided_q_ignores_strides", "H16", "metamorphic.strided_qkv",
+           "    HK = k.shape[2]\n",
+           "    HK = k.shape[2]\n"
+           "    q = q if q.is_contiguous() else q.as_strided(q.shape, q.contiguous().stride())\n",
+           "a non-contiguous q is read as if it were contiguous"),
+     R.metamorphic_check("strided_qkv")),
+    (Plant("strided_ab_read_compact", "1.1", "metamorphic.strided_ab",
+           "    HK = k.shape[2]\n",
+           "    HK = k.shape[2]\n"
+           "    a = a if a.is_contiguous() else a.as_strided(a.shape, a.contiguous().stride())\n",
+           "a non-contiguous a (gate input) is read with compact strides [B, T, HV]"),
+     R.metamorphic_check("strided_ab")),
+    (Plant("strided_pool_fold_lost", "H16", "metamorphic.strided_pool",
+           "    if not contig:\n",
+           "    if not contig:\n        h0 = h0.contiguous()\n    if False:\n",
+           "strided pools accepted, but the pool is copied and the fold is written to the copy"),
+     R.metamorphic_check("strided_pool")),
+]
+# not a bug: the strided-pool mode switched on, so the strided_pool relation really runs
+STRIDED_MODE_ON = Plant("strided_mode_on", "H16", "", "    if not contig:\n", "    if False:\n",
+                        "block-strided pools accepted (the SGLANG_GDN_WY_STRIDED_QKV=1 behaviour)")
+
+FIND = settings(max_examples=300, deadline=None, database=None, phases=(Phase.generate,),
+                suppress_health_check=list(HealthCheck))
+
+
+def test_plants_apply_once():
+    """Every planted edit matches the reference exactly once (plant() raises otherwise)."""
+    src = REFERENCE_PATH.read_text()
+    for p, _ in RELATION_PLANTS:
+        assert src.count(p.old) == 1, p.name
+    assert src.count(STRIDED_MODE_ON.old) == 1
+
+
+@pytest.mark.parametrize("p,check", RELATION_PLANTS, ids=[p.name for p, _ in RELATION_PLANTS])
+def test_planted_bug_is_found(p, check, tmp_path):
+    """Each planted bug is found by its relation (Finding.prop prefix) within 300 examples."""
+    t = get_target(str(plant(p, tmp_path)))
+    found = find(cases(), lambda c: any(f.prop.startswith(p.prop) for f in check(t, c, "cpu")), settings=FIND)
+    findings = check(t, found, "cpu")
+    assert any(f.prop.startswith(p.prop) for f in findings), findings
+
+
+@pytest.fixture(scope="module")
+def strided_mode_target(tmp_path_factory):
+    return get_target(str(plant(STRIDED_MODE_ON, tmp_path_factory.mktemp("strided"))))
+
+
+@given(case=cases(arms=("bf16", "bf16-state16-ring16", "fp16")))
+def test_strided_pool_relation_runs_when_the_mode_is_on(strided_mode_target, case):
+    """H8, H16: with strided pools accepted, block-strided pool/rings give the same bits."""
+    findings = R.metamorphic_check("strided_pool")(strided_mode_target, case, "cpu")
+    assert not findings, "\n".join([case.describe()] + [str(f) for f in findings])
