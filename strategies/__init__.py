@@ -14,6 +14,7 @@ from ._cases import (  # noqa: F401
     case_events,
     cases,
     flush_mins,
+    geometries_for,
     hist_lens,
     regimes,
     rows_for,

@@ -29,6 +29,11 @@ GPU_GEOMETRIES = ((1, 1), (1, 2), (16, 64))  # G = 1, 2, 4; (16, 64) is Qwen3-Ne
 BUCKETS = (4, 8)
 
 
+def geometries_for(target) -> tuple:
+    """The (H, HV) menu for a target: the short GPU list where launches JIT-compile (D4)."""
+    return GPU_GEOMETRIES if getattr(target, "needs_cuda", False) else CPU_GEOMETRIES
+
+
 def flush_mins(T: int):
     """None (the lazy default 17 - T) or any legal value in [1, 17 - T] (H14)."""
     return st.one_of(st.none(), st.integers(1, W_RING - T + 1))

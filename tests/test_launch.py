@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, find, given, settings
 from hypothesis import strategies as st
 
 from gdn_fuzz.checks import check_launch
-from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES, case_events, cases
+from gdn_fuzz.strategies import case_events, cases, geometries_for
 from gdn_fuzz.targets import get_target
 
 from .planted import PLANTS, plant
@@ -26,7 +26,7 @@ from .planted import PLANTS, plant
 def test_launch_matches_oracle_and_write_set(target_under_test, gdn_record, data):
     """M1-M8: outputs, appends and fold within tolerance; nothing outside the write set changes."""
     target, arms, device = target_under_test
-    case = data.draw(cases(arms=arms, geometries=GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES))
+    case = data.draw(cases(arms=arms, geometries=geometries_for(target)))
     for e in case_events(case):
         event(e)
     findings = check_launch(target, case, device)

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from gdn_fuzz import relations as R
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.properties import REGISTRY
-from gdn_fuzz.strategies import case_events, cases
+from gdn_fuzz.strategies import case_events, cases, geometries_for
 from gdn_fuzz.targets import REFERENCE_PATH, get_target
 
 from .planted import Plant, plant
@@ -49,7 +49,7 @@ def _one_thread():
 
 def _run_check(target_under_test, data, check):
     target, arms, device = target_under_test
-    case = data.draw(cases(arms=arms, restart=RESTART), label="case")
+    case = data.draw(cases(arms=arms, restart=RESTART, geometries=geometries_for(target)), label="case")
     for e in case_events(case):
         event(e)
     findings = check(target, case, device)
@@ -67,7 +67,7 @@ RESTART = (False, True)
 def test_routing_flush_and_verify_rows_bit_identical(target_under_test, data):
     """M7, M8: moving flush_min so rows switch route changes only their g appends and pool rows."""
     target, arms, device = target_under_test
-    case = data.draw(cases(arms=arms, restart=RESTART), label="case")
+    case = data.draw(cases(arms=arms, restart=RESTART, geometries=geometries_for(target)), label="case")
     f2 = R.alternate_flush_min(case)
     if f2 is None:
         event("routing: no legal flush_min switches a row")
