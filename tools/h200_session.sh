@@ -20,6 +20,8 @@ for step in "$@"; do
     pytest) timeout "${PYTEST_S:-150}" python3 -m pytest tests/test_launch.py tests/test_relations.py tests/test_corpus_replay.py \
               -p no:cacheprovider -q -rA --gdn-target production --gdn-corpus "$R/corpus" -k "not planted" \
               --hypothesis-show-statistics --durations=15 > "$R/pytest.txt" 2>&1 ;;
+    machine) timeout "${MACHINE_S:-70}" python3 -m pytest tests/test_machine.py -p no:cacheprovider -q -rA \
+               --gdn-target production -k "not planted" > "$R/machine.txt" 2>&1 ;;
     campaign) timeout "$(( ${CAMPAIGN_S:-75} + 60 ))" gdn-fuzz run --target production --seconds "${CAMPAIGN_S:-75}" \
                 --corpus "$R/corpus" --json "$R/campaign.json" --record "$R/campaign.jsonl" > "$R/campaign.txt" 2>&1
               gdn-fuzz report "$R/campaign.jsonl" --campaign "$R/campaign.json" --out "$R/report" > /dev/null 2>&1 ;;
