@@ -81,8 +81,8 @@ def scenario_appends_wrap(target: Target, arm, T, H, HV, device) -> dict:
 
 def scenario_duplicate_slots(target: Target, arm, T, H, HV, device, repeats: int = 5) -> dict:
     """R3: two rows with the same slot race on appends (and on the fold when both flush)."""
-    case = dataclasses.replace(_base_case(arm, T, H, HV), rows=(Row(0, 13, 2), Row(0, 13, 2), Row(-1), Row(-1)),
-                               flush_min=13)
+    P = 17 - T  # both rows at the lazy flush threshold: both fold into one pool row
+    case = dataclasses.replace(_base_case(arm, T, H, HV), rows=(Row(0, P, 2), Row(0, P, 2), Row(-1), Row(-1)))
     outs = []
     for _ in range(repeats):
         obs = observe(target, case, device)
