@@ -19,11 +19,62 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+def _pin_gpu_for_xdist_worker() -> str | None:
+    """One xdist worker per GPU: worker gwN sees GPU N mod (number of GPUs) as cuda:0.
+
+    Runs at plugin import, which in an xdist worker happens after xdist has set
+    PYTEST_XDIST_WORKER and before anything can initialize CUDA.  The GPUs are those in
+    CUDA_VISIBLE_DEVICES, else those `nvidia-smi -L` lists.  GDN_FUZZ_NO_GPU_PINNING=1
+    turns it off (e.g. several workers sharing one GPU on purpose).
+    """
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not wid.startswith("gw") or os.environ.get("GDN_FUZZ_NO_GPU_PINNING"):
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import shutil
+        import subprocess
+
+        if shutil.which("nvidia-smi") is None:
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        gpus = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    if not gpus:
+        return None
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(wid[2:]) % len(gpus)]
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+PINNED_GPU = _pin_gpu_for_xdist_worker()
+
+
+def _database():
+    """Local example database, layered over a shared read-only one when GDN_FUZZ_SHARED_DB is set.
+
+    GDN_FUZZ_SHARED_DB=/mnt/shared/hypothesis: every runner replays what any runner found
+    (copied there by CI), and writes its own new examples only locally.
+    """
+    from hypothesis.database import (DirectoryBasedExampleDatabase, MultiplexedDatabase,
+                                     ReadOnlyDatabase)
+
+    local = DirectoryBasedExampleDatabase(os.environ.get("GDN_FUZZ_LOCAL_DB", ".hypothesis/examples"))
+    shared = os.environ.get("GDN_FUZZ_SHARED_DB")
+    if not shared:
+        return local
+    return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(shared)))
+
+
 settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=15, deadline=None,
+settings.register_profile("dev", max_examples=15, deadline=None, database=_database(),
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("nightly", max_examples=2000, deadline=None, stateful_step_count=250,
+                          database=_database(),
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
@@ -44,6 +95,15 @@ def pytest_configure(config):
     if config.getoption("--gdn-corpus-readonly"):
         os.environ["GDN_FUZZ_CORPUS_READONLY"] = "1"
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU that runs the production kernel")
+    arms = config.getoption("--gdn-arms")
+    if arms:
+        from .arms import get_arm
+
+        for a in arms.split(","):
+            try:
+                get_arm(a.strip())
+            except ValueError as e:
+                raise pytest.UsageError(f"--gdn-arms={arms!r}: {e}") from None
 
 
 def _selection(config):
@@ -72,7 +132,8 @@ def pytest_report_header(config):
     seed = config.getoption("--hypothesis-seed", None)
     if seed is None and prof == "ci":
         seed = "derandomized (ci profile)"
-    return [f"gdn_fuzz: target={target} arms={','.join(arms)} device={device} gpu={gpu} "
+    pin = f" (xdist worker pinned to CUDA_VISIBLE_DEVICES={PINNED_GPU})" if PINNED_GPU else ""
+    return [f"gdn_fuzz: target={target} arms={','.join(arms)} device={device} gpu={gpu}{pin} "
             f"torch={torch.__version__} hypothesis-profile={prof} hypothesis-seed={seed or 'random per test'}",
             f"gdn_fuzz: corpus={corpus.default_dir()} ({len(corpus.entries())} entries, "
             f"{'read-only' if corpus.is_readonly() else 'new failures are written'})"]

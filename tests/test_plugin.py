@@ -1,0 +1,44 @@
+"""The pytest plugin: xdist GPU pinning, report header, options (pytester runs a child pytest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_fuzz import pytest_plugin
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.mark.parametrize("worker, visible, want", [
+    ("gw0", "4,5", "4"), ("gw1", "4,5", "5"), ("gw3", "4,5", "5"), ("gw2", "7", "7"), ("", "4,5", None),
+])
+def test_xdist_worker_gets_one_gpu(monkeypatch, worker, visible, want):
+    """Worker gwN sees GPU N mod len(CUDA_VISIBLE_DEVICES); the controller (no worker id) is untouched."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv("GDN_FUZZ_NO_GPU_PINNING", raising=False)
+    assert pytest_plugin._pin_gpu_for_xdist_worker() == want
+
+
+def test_pinning_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setenv("GDN_FUZZ_NO_GPU_PINNING", "1")
+    assert pytest_plugin._pin_gpu_for_xdist_worker() is None
+
+
+def test_report_header_names_target_device_and_corpus(pytester):
+    """The header prints target, arms, device, torch, the Hypothesis profile and seed, and the corpus."""
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest("--gdn-target", "reference", "--gdn-arms", "bf16,fp16", "--gdn-device", "cpu",
+                             "--gdn-corpus", str(pytester.path / "c"), "--hypothesis-seed", "5")
+    res.stdout.fnmatch_lines(["gdn_fuzz: target=reference arms=bf16,fp16 device=cpu*hypothesis-seed=5*",
+                              "gdn_fuzz: corpus=*c (0 entries*"])
+    assert res.ret == 0
+
+
+def test_bad_arm_option_is_a_clear_error(pytester):
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest("--gdn-arms", "bf32")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*--gdn-arms='bf32': arm='bf32' is not a legal dtype arm; use one of bf16*"])
