@@ -1,7 +1,8 @@
 """The gdn-fuzz command line.
 
   gdn-fuzz run [--target NAME|PATH] [--arms ...] [--T 4 8] [--device D] [--seconds S | --examples N]
-  gdn-fuzz doctor
+  gdn-fuzz mutants [--budget S] [--only NAME ...] [--json PATH] [--seed N]
+  gdn-fuzz replay | report | precision | unguarded | doctor
 """
 
 from __future__ import annotations
@@ -277,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     ug.set_defaults(func=cmd_unguarded)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
+    from .mutation import add_parser as add_mutants_parser  # also registers guards, commit, precision, extremes
+
+    add_mutants_parser(sub)
     return ap
 
 

@@ -119,3 +119,178 @@ def get_mutant(name: str) -> Mutant:
         return CATALOGUE[name]
     except KeyError:
         raise ValueError(f"mutant={name!r} is not in the catalogue; known: {', '.join(sorted(CATALOGUE))}") from None
+
+
+# ------------------------------------------------------------------ the mutation-score catalogue
+# One small realistic bug each, as an edit of the reference target.  Each doc says the bug,
+# the clause it breaks, the input that exposes it and, where one exists, the shipped bug of
+# docs/replayssm-serving.md ("Bugs these projects hit") it mirrors.  `prop` is the
+# Finding.prop prefix expected to kill it; guard.*, commit.*, precision.* and extremes.* are
+# the properties of gdn_fuzz.mutation.  tests/test_mutants.py holds, per mutant, a hand-picked
+# input on which it differs from the reference (none is equivalent).
+_AP = "aslots = (base[:, None] + P[:, None] + torch.arange(Tq, device=dev)[None, :]) & RING_MASK"
+register(
+    # ---- ring addressing and wrap (M3, M5)
+    Mutant("window_mask_15", "M3", "oracle.y",
+           "slots = (base[:, None] + lanes[None, :]) & RING_MASK  # [B, 16]",
+           "slots = (base[:, None] + lanes[None, :]) & 15  # [B, 16]",
+           "window read slots masked with & 15 (the old 16-slot ring) instead of & 31: a window at "
+           "cache_base >= 16, or one crossing ring slot 16, replays the wrong records.  Exposed by any row "
+           "with P >= 1 and base + P > 16.  Mirrors the 16 -> 32-slot ring change."),
+    Mutant("window_wrap_missing", "M3", "launch",
+           "slots = (base[:, None] + lanes[None, :]) & RING_MASK  # [B, 16]",
+           "slots = base[:, None] + lanes[None, :]  # [B, 16]",
+           "the window's ring index is not wrapped at 32: a window with base + 16 > 32 addresses past the "
+           "ring (the kernel reads another head's ring or faults; here an IndexError, since all 16 "
+           "lanes are addressed before masking).  Exposed by a non-pad row with cache_base >= 17, "
+           "whatever P.  Mirrors the raw-offset out-of-bounds bugs."),
+    Mutant("append_mask_15", "M5", "writes.outside",
+           _AP, _AP.replace("& RING_MASK", "& 15"),
+           "appends at (base + P + s) & 15: past ring slot 15 they wrap into the live window (the old "
+           "16-slot ring).  Exposed by a row with base + P + T > 16, e.g. P = 13, base = 0 (overwrites "
+           "window slot 0).  Mirrors the flush-restart race that motivated the 32-slot ring."),
+    # ---- window and anchor bounds (M3)
+    Mutant("window_lane_le", "M3", "oracle.y",
+           "valid = (lanes[None, :] < P[:, None]) & live[:, None]",
+           "valid = (lanes[None, :] <= P[:, None]) & live[:, None]",
+           "window mask j <= P instead of j < P: one record past the window (a rejected draft, or a "
+           "previous tenant's record) is replayed.  Exposed by any row with P < 16 (P = 0 included).  "
+           "Mirrors 'ring contents left by a previous tenant must be unreachable' / stale cursors."),
+    # ---- append placement (M5)
+    Mutant("append_overlaps_anchor", "M5", "writes.outside",
+           _AP, _AP.replace("P[:, None] + torch", "P[:, None] - 1 + torch"),
+           "appends start at slot(P - 1) instead of slot(P): the first draft overwrites the last window "
+           "record (the anchor) and the appends are one slot early.  Exposed by any non-pad row."),
+    # ---- routing (M7)
+    Mutant("flush_min_ignored", "M7", "oracle.fold",
+           "    flush = (P >= flush_min) & live\n",
+           "    flush = (P >= W_RING - Tq + 1) & live\n",
+           "the kernel routes with the lazy default 17 - T (a compile-time constant) and ignores the "
+           "caller's flush_min, which the host still validates.  Exposed by flush_min < 17 - T and a row "
+           "with flush_min <= P < 17 - T (it does not fold, and stores G_P + G_s)."),
+    # ---- G bookkeeping (M1, M6)
+    Mutant("g_per_token", "M6", "oracle.g",
+           "g_app = Gam + torch.where(", "g_app = g + torch.where(",
+           "appends store the per-token g (the Triton baseline's ring format) instead of the cumulative "
+           "G: mixing the backends' formats.  Exposed by any non-pad row (tokens s >= 1).  Mirrors "
+           "'the backends differ in the meaning of g'."),
+    Mutant("t8_scan_no_carry", "M1", "oracle.g",
+           "Gam = torch.cumsum(g, dim=1)",
+           "Gam = torch.cat([torch.cumsum(g[:, :4], 1), torch.cumsum(g[:, 4:], 1)], 1)",
+           "T = 8 only: the inclusive scan runs in two 4-token chunks and the second does not carry the "
+           "first chunk's total, so appended G of drafts 4..7 miss G_3.  Exposed by any non-pad row at "
+           "T = 8; T = 4 is unaffected."),
+    # ---- fold contents (M7)
+    Mutant("fold_includes_drafts", "M7", "oracle.fold",
+           "        h0[idx[flush]] = fold[flush]", "        h0[idx[flush]] = S.to(h0.dtype)[flush]",
+           "the fold stores the state after the T drafts (rejected ones included) instead of S_h, the "
+           "state after the window.  Exposed by any flush row.  Mirrors the old flush path."),
+    Mutant("fold_no_bdec", "M7", "oracle.fold",
+           "    fold = S.to(h0.dtype)",
+           "    fold = (S0 + torch.einsum(\"bhjv,bhjk->bhvk\", wu, kw)).to(h0.dtype)",
+           "the fold path forgets the checkpoint decay bdec = e^{G_P} (S0 + D instead of bdec S0 + D); "
+           "y is right.  Exposed by a flush row with non-negligible G_P (normal decay, P >= 1)."),
+    # ---- pad rows (M8)
+    Mutant("pad_output_zeroed", "M8", "output_inplace.pad_rows",
+           "        output[live] = y[live]\n",
+           "        output[~live] = 0  # planted: pad rows zeroed\n        output[live] = y[live]\n",
+           "pad rows zero their rows of a caller-provided output (a pad row must write nothing).  Exposed "
+           "by a batch with a pad row and an in-place output.  Mirrors 'the kernel writes nothing for a "
+           "pad row (its output rows are not zeroed)'."),
+    # ---- slot indirection: batch row used where a pool slot is meant (C1, M5, M7)
+    Mutant("g_append_by_batch_row", "M5", "oracle.g",
+           "    g_cache.permute(0, 2, 1)[r, s] = g_app[live].to(g_cache.dtype)",
+           "    g_cache.permute(0, 2, 1)[live.nonzero()[:, :1].expand(-1, Tq), s] = g_app[live].to(g_cache.dtype)",
+           "the g appends are keyed by batch row b instead of pool slot idx[b] (request-keyed vs "
+           "block-keyed, C1).  Exposed by any live row whose slot differs from its batch row (permuted "
+           "indices, pad rows before it)."),
+    Mutant("fold_to_batch_row", "M7", "oracle.fold",
+           "        h0[idx[flush]] = fold[flush]", "        h0[flush.nonzero().flatten()] = fold[flush]",
+           "the folded checkpoint is stored at pool row b instead of idx[b] (C1).  Exposed by a flush row "
+           "whose slot differs from its batch row."),
+    # ---- head mapping (M2)
+    Mutant("head_map_mod", "M2", "oracle.y",
+           "(hv // G)[None, :, None]", "(hv % H)[None, :, None]",
+           "window keys read from k-head hv % H instead of hv // G (interleaved instead of grouped GQA "
+           "mapping).  Exposed by H >= 2, G >= 2 and a row with P >= 1."),
+    # ---- gating math (M1, M2, N2)
+    Mutant("softplus_threshold", "N2", "extremes.g",
+           "torch.log1p(torch.exp(x))", "torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))",
+           "softplus with torch's threshold 20 (the kernel has none).  For 20 < x < 88.7 the two agree to "
+           "f32 resolution; only a + dt_bias >= 88.7 tells them apart (g finite instead of -inf, N2).  "
+           "Exposed by a gate logit of ~120."),
+    Mutant("beta_no_sigmoid", "M1", "oracle.y",
+           "beta = torch.sigmoid(b.float())", "beta = b.float()",
+           "beta = b instead of sigmoid(b).  Exposed by any non-pad row."),
+    Mutant("q_scale_missing", "M2", "oracle.y",
+           "q_hat = (_l2n(q) * scale)", "q_hat = (_l2n(q))",
+           "the 1/sqrt(K) scale is not applied to q_hat.  Exposed by any non-pad row."),
+    # ---- precision of stored records (N3)
+    Mutant("u_stored_io", "N3", "precision.u",
+           "U = torch.stack(Us, 1).to(u_cache.dtype)", "U = torch.stack(Us, 1).to(q.dtype).to(u_cache.dtype)",
+           "U is rounded to IO before it is stored in the RING dtype: on the bf16-IO/fp16-ring arms the u "
+           "records lose 3 mantissa bits (bf16 through an fp16 ring); other arms are unaffected.  Within "
+           "the oracle's u tolerance (4 u(IO)), so only a rounding-point check sees it."),
+    Mutant("fold_double_rounding", "N3", "precision.fold",
+           "    fold = S.to(h0.dtype)", "    fold = S.to(q.dtype).to(h0.dtype)",
+           "the folded checkpoint is rounded twice, to IO then to STATE: on the bf16-IO/fp16-state arms "
+           "the state loses 3 mantissa bits.  Exposed by a flush row on those arms."),
+    # ---- commit arithmetic (C2): the standalone commit at the end of the entry point
+    Mutant("commit_base_slides_verify", "C2", "commit.cursors",
+           "cache_base.copy_((cache_base + hist_len * flushed) & (RING_SLOTS - 1))",
+           "cache_base.copy_((cache_base + hist_len) & (RING_SLOTS - 1))",
+           "restart_hist_on_flush=True: cache_base slides by hist_len on verify rows too.  Exposed by a "
+           "verify row with P >= 1 and restart_hist_on_flush=True.  Mirrors 'standalone-commit misuse "
+           "produced well-formed wrong numbers'."),
+    Mutant("commit_pad_exempt", "C2", "commit.cursors",
+           "        flushed = hist_len >= flush_min\n",
+           "        flushed = (hist_len >= flush_min) & (initial_state_indices >= 0)\n",
+           "restart_hist_on_flush=True: pad rows are exempted from the commit (C2: they are not).  Exposed "
+           "by a pad row with P >= flush_min."),
+    # ---- missing host guards (H6, H11, H13, H14)
+    Mutant("guard_T", "H13", "guard.H13",
+           "    if Tq not in (4, 8):", "    if Tq > 8:",
+           "the T check is written T <= 8: T = 5, 6, 7 run with no error.  Exposed by T = 6."),
+    Mutant("guard_flush_min_zero", "H14", "guard.H14",
+           "assert 1 <= flush_min <= W_RING - Tq + 1, (", "assert 0 <= flush_min <= W_RING - Tq + 1, (",
+           "flush_min = 0 is accepted (every row, P = 0 included, folds).  Exposed by flush_min = 0."),
+    Mutant("guard_flush_min_cap", "H14", "guard.H14",
+           "assert 1 <= flush_min <= W_RING - Tq + 1, (", "assert 1 <= flush_min <= W_RING - Tq + 2, (",
+           "the flush_min cap is off by one: flush_min = 18 - T is accepted, so a window of 17 - T rows "
+           "plus T appends exceeds the 16-row window.  Exposed by flush_min = 18 - T.  Mirrors 'a verify "
+           "window longer than the remaining buffer was silently truncated (flush rule off by one)'."),
+    Mutant("guard_hist_len_range", "H11", "guard.H11",
+           "assert lo >= 0 and hi <= W_RING, f\"hist_len", "assert lo >= 0 and hi <= RING_SLOTS - Tq, f\"hist_len",
+           "hist_len is range-checked against the ring (32 - T) instead of the window (16): P = 17 .. 28 "
+           "pass and are silently wrong (1.3).  Exposed by hist_len = 17 with restart_hist_on_flush=True.  "
+           "Mirrors 'out-of-range hist_len produced well-formed wrong numbers'."),
+    Mutant("guard_ab_dtype", "H6", "guard.H6",
+           "            and a.dtype == IO_TORCH and b.dtype == IO_TORCH), (",
+           "            ), (",
+           "the IO dtype check covers q/k/v only: a and b of the other 16-bit dtype are accepted (the "
+           "kernel would read their bits as IO).  Exposed by fp16 a or b in a bf16 module.  Mirrors 'fp16 "
+           "activations were read as bf16 bit patterns'."),
+    Mutant("guard_cache_base_none", "H11", "guard.H11",
+           "    if restart_hist_on_flush:\n        if cache_base is None:",
+           "    if cache_base is None:  # planted: a default temporary\n"
+           "        cache_base = torch.zeros_like(hist_len)\n"
+           "    if restart_hist_on_flush:\n        if cache_base is None:",
+           "restart_hist_on_flush=True with cache_base=None commits into a zero temporary instead of "
+           "raising ValueError.  Exposed by that call.  Mirrors 'a default cache_base committed into a "
+           "temporary'."),
+    # ---- strided inputs (table 1.1 a/b, H8, H16)
+    Mutant("b_token_stride_hardcoded", "1.1", "metamorphic.strided_ab",
+           "beta = torch.sigmoid(b.float())",
+           "beta = torch.sigmoid(b.as_strided(b.shape, (b.shape[1] * b.shape[2], b.shape[2], 1)).float())",
+           "b is read with a hard-coded compact token stride (HV) whatever its real strides.  Exposed by b "
+           "given as a view of a fused [B, T, 2 HV + pad] tensor.  Mirrors 'a hard-coded token stride for "
+           "b read the wrong values for strided inputs'."),
+    Mutant("paged_pool_as_dense", "H16", "metamorphic.strided_pool",
+           "    if not contig:\n        raise NotImplementedError(",
+           "    if not contig:  # planted: block-strided pools accepted and addressed as dense\n"
+           "        h0 = h0.as_strided(h0.shape, torch.empty(h0.shape, device=\"meta\").stride())\n"
+           "    if False:\n        raise NotImplementedError(",
+           "a block-strided (paged) pool is accepted without the strided mode and addressed with dense "
+           "strides.  Exposed by a pool given as a dim-0 strided view.  Mirrors 'paged pools with a "
+           "block stride were read as dense (NaN)'."),
+)

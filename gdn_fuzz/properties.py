@@ -57,3 +57,4 @@ def get_property(name: str) -> Property:
 # ---- further properties register themselves from their own modules (imported here so
 # ---- that the registry is complete whenever gdn_fuzz.properties is imported)
 from . import relations  # noqa: E402,F401  (routing, determinism, output_inplace, metamorphic)
+from . import mutation  # noqa: E402,F401  (guards, commit, precision, extremes)

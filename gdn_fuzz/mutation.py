@@ -1,0 +1,486 @@
+"""Mutation score: how many catalogued bugs (gdn_fuzz.mutants) the suite kills, and how fast.
+
+How this module tests
+---------------------
+A mutant is the reference target with one small realistic bug (gdn_fuzz.mutants).  For each
+mutant, `run_mutants` runs
+
+(a) the suite: a gdn_fuzz Campaign of every registered property (gdn_fuzz.properties, which
+    includes those registered here) against `mutant:NAME`, on the CPU reference geometries,
+    all five dtype arms, T in {4, 8}, batch buckets {4, 8}, no corpus, in this process
+    (isolate=False), until the first finding or the per-mutant budget.  The mutant is
+    *killed* when any property reports a finding; it records the time to the first failing
+    example (detection), the time until Hypothesis has shrunk it (the campaign records it),
+    and the size of the shrunk Case (non-pad rows, length of its JSON).  Mutants whose
+    expected property is "crash" kill the process they run in, so they run with
+    isolate=True, i.e. in a worker process; workers only know the properties that importing
+    gdn_fuzz.properties registers, so those campaigns leave out the four registered here.
+(b) the example-based baseline (gdn_fuzz.baseline): a few fixed cases per arm against an
+    fp32 sequential reference with FlashInfer's absolute tolerances.  Killed when any of its
+    checks fails or a launch raises.
+
+Properties registered here (import this module to register them)
+----------------------------------------------------------------
+guards      H4, H6, H9-H11, H13, H14: the target is called with illegal inputs (T = 6,
+            flush_min = 0 and 18 - T, hist_len 17 and -1 and cache_base 32 and None with
+            restart_hist_on_flush=True, q/k/v/a/b in the other IO dtype, an fp32 pool, an fp32
+            u ring, int64 hist_len) and must raise the exception type the reference target
+            raises for the same call.  Finding prop "guard.<clause>".
+commit      C2: with restart_hist_on_flush=True (pad rows given in-range cursors, since the
+            host commits them too), the cursors after the call equal
+            oracles.commit.standalone_commit of the cursors before, and y and every buffer are
+            bitwise those of the same launch with restart_hist_on_flush=False (the commit runs
+            after the launch).  Finding prop "commit.cursors" / "commit.launch_bits".
+precision   N3 rounding points the oracle tolerance cannot resolve: on arms with bf16 IO and
+            an fp16 RING the appended u records, and on arms with bf16 IO and fp16 STATE the
+            folded checkpoints, are rounded once from f32, so about 1/8 of their normal fp16
+            values have the low 3 mantissa bits zero; a record rounded through bf16 first has
+            them all zero.  Finding when >= 3/4 of at least 128 values do ("precision.u",
+            "precision.fold").
+extremes    N2: a gate logit a + dt_bias >= 88.7 (here ~120, on v-head 0 of every token)
+            overflows softplus without a threshold, so every appended g of that head is
+            -inf or NaN.  Finding "extremes.g" when one is finite.
+
+Timings depend on the machine and its load; the CLI prints them as measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from . import properties as _P
+from .arms import ARM_NAMES, get_arm
+from .case import Case, materialize
+from .checks import Finding, observe, same_bits
+from .mutants import CATALOGUE, get_mutant
+from .oracles import commit as commits
+from .targets import Target, get_target
+
+OWN_PROPERTIES = ("guards", "commit", "precision", "extremes")
+_OTHER_IO = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _clone(inputs: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _call(target: Target, arm: str, kwargs: dict):
+    """(returned, exception) of one entry-point call."""
+    try:
+        return target.launch(arm, **kwargs), None
+    except Exception as e:  # noqa: BLE001 - the exception is the observation
+        return None, e
+
+
+def _append_slots(inputs: dict, T: int) -> torch.Tensor:
+    base, P = inputs["cache_base"].long(), inputs["hist_len"].long()
+    return (base[:, None] + P[:, None] + torch.arange(T, device=base.device)[None, :]) & 31
+
+
+# ------------------------------------------------------------------ guards (H*)
+
+
+def _guard_scenarios(case: Case, device):
+    """(name, clause, kwargs) of illegal calls derived from the case (each with fresh tensors)."""
+    T = case.T
+    base = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
+    io = base["q"].dtype
+
+    def kw(**over):
+        d = _clone(base)
+        d.update(over)
+        return d
+
+    out = []
+    t6 = dataclasses.replace(case, T=6, flush_min=None, restart_hist_on_flush=False)
+    out.append(("T=6", "H13", materialize(t6, device)))
+    out.append(("flush_min=0", "H14", kw(flush_min=0)))
+    out.append((f"flush_min={18 - T} (17 - T + 1)", "H14", kw(flush_min=18 - T)))
+    for name, val in (("hist_len", 17), ("hist_len", -1), ("cache_base", 32)):
+        d = kw(restart_hist_on_flush=True)
+        d[name][0] = val
+        out.append((f"{name}[0]={val} with restart_hist_on_flush=True", "H11", d))
+    out.append(("cache_base=None with restart_hist_on_flush=True", "H11",
+                kw(restart_hist_on_flush=True, cache_base=None)))
+    for name in ("q", "k", "v", "a", "b"):
+        out.append((f"{name} in {_OTHER_IO[io]} (module IO {io})", "H6", kw(**{name: base[name].to(_OTHER_IO[io])})))
+    out.append(("initial_state_source in float32", "H4",
+                kw(initial_state_source=base["initial_state_source"].float())))
+    out.append(("u_cache in float32", "H9", kw(u_cache=base["u_cache"].float())))
+    out.append(("hist_len in int64", "H10", kw(hist_len=base["hist_len"].long())))
+    return out
+
+
+def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """H4, H6, H9-H11, H13, H14: every illegal call raises the reference target's exception type.
+
+    The expectation is what the reference target raises for the very same call (a scenario
+    the reference accepts is skipped), so the property follows the reference's host checks.
+    """
+    ref = get_target("reference")
+    out = []
+    for name, clause, kwargs in _guard_scenarios(case, device):
+        _, want = _call(ref, case.arm, _clone(kwargs))
+        if want is None:
+            continue
+        _, got = _call(target, case.arm, kwargs)
+        if got is None:
+            out.append(Finding(f"guard.{clause}", clause, f"illegal call ({name}) returned normally; the reference "
+                               f"raises {type(want).__name__}: {str(want)[:120]}"))
+        elif type(got) is not type(want):
+            out.append(Finding(f"guard.{clause}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
+                               f"{str(got)[:120]}; the reference raises {type(want).__name__}"))
+    return out
+
+
+# ------------------------------------------------------------------ commit (C2)
+
+
+def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """C2: the standalone commit of restart_hist_on_flush=True, pad rows included, and nothing else."""
+    rng = random.Random(f"{case.seed}:commit")
+    inputs = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
+    for i, r in enumerate(case.rows):  # pad rows get in-range cursors: the host commits them too (C2)
+        if r.pad:
+            inputs["hist_len"][i] = rng.choice([case.fmin, 16, rng.randint(0, 16)])
+            inputs["cache_base"][i] = rng.randrange(32)
+    before = _clone(inputs)
+    a = observe(target, case, device, inputs=_clone(inputs))
+    case_r = dataclasses.replace(case, restart_hist_on_flush=True)
+    b = observe(target, case_r, device, inputs=dict(_clone(inputs), restart_hist_on_flush=True))
+    for obs, tag in ((a, "restart_hist_on_flush=False"), (b, "restart_hist_on_flush=True")):
+        if obs.error is not None:
+            return [Finding("commit.launch", "H*", f"a legal launch ({tag}) raised {type(obs.error).__name__}: "
+                            f"{obs.error}")]
+    want_len, want_base = commits.standalone_commit(before["hist_len"], before["cache_base"], case.fmin)
+    out = []
+    for name, want in (("hist_len", want_len), ("cache_base", want_base)):
+        got = b.after[name].long()
+        bad = (got != want.to(got.device)).nonzero().flatten().tolist()
+        if bad:
+            r = bad[0]
+            out.append(Finding("commit.cursors", "C2",
+                               f"{name} after the in-place commit is {got[r].item()}, expected {int(want[r])} "
+                               f"(P={int(before['hist_len'][r])}, base={int(before['cache_base'][r])}, "
+                               f"flush_min={case.fmin}, {case.row_kind(case.rows[r])} row; {len(bad)} rows differ)",
+                               row=r))
+    live = inputs["initial_state_indices"].long() >= 0
+    if isinstance(a.output, torch.Tensor) and isinstance(b.output, torch.Tensor):
+        d = ~same_bits(a.output, b.output) & live[:, None, None, None]
+        if bool(d.any()):
+            out.append(Finding("commit.launch_bits", "C2", "y of a live row differs between restart_hist_on_flush "
+                               "True and False (the commit must run after the launch)",
+                               row=int(d.nonzero()[0, 0])))
+    for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
+        if not bool(same_bits(a.after[name], b.after[name]).all()):
+            out.append(Finding("commit.launch_bits", "C2", f"{name} after differs between restart_hist_on_flush "
+                               "True and False (the commit must touch nothing but the cursors)"))
+    return out
+
+
+# ------------------------------------------------------------------ precision (N3)
+
+
+def _bf16_fraction(x: torch.Tensor) -> tuple[float, int]:
+    """(fraction of normal fp16 values whose low 3 mantissa bits are zero, count of normal values)."""
+    x = x.reshape(-1)
+    normal = torch.isfinite(x) & (x.abs() >= 2.0**-14)
+    n = int(normal.sum())
+    if n == 0:
+        return 0.0, 0
+    low = (x.view(torch.int16) & 7) == 0
+    return float((low & normal).sum()) / n, n
+
+
+def check_precision(target: Target, case: Case, device="cpu", *, min_values: int = 128,
+                    max_fraction: float = 0.75) -> list[Finding]:
+    """N3: u records (fp16 RING under bf16 IO) and folds (fp16 STATE under bf16 IO) rounded once."""
+    arm = get_arm(case.arm)
+    want_u = arm.io == torch.bfloat16 and arm.ring == torch.float16
+    want_fold = arm.io == torch.bfloat16 and arm.state == torch.float16
+    if not (want_u or want_fold):
+        return []
+    obs = observe(target, case, device)
+    if obs.error is not None:
+        return [Finding("precision.launch", "H*", f"a legal launch raised {type(obs.error).__name__}: {obs.error}")]
+    idx = obs.before["initial_state_indices"].long()
+    live = idx >= 0
+    P = obs.before["hist_len"].long()
+    out = []
+    if want_u and bool(live.any()):
+        sl = _append_slots(obs.before, case.T)[live]  # [n, T]
+        rows = idx[live][:, None].expand_as(sl)
+        u = obs.after["u_cache"].permute(0, 2, 1, 3)[rows, sl]  # [n, T, HV, V]
+        frac, n = _bf16_fraction(u)
+        if n >= min_values and frac >= max_fraction:
+            out.append(Finding("precision.u", "N3", f"{frac:.0%} of {n} appended u values (fp16 RING) have their low "
+                               "3 mantissa bits zero (~12% expected): the records went through bf16 before the ring",
+                               value=frac, tol=max_fraction))
+    flush = live & (P >= case.fmin)
+    if want_fold and bool(flush.any()):
+        f = obs.after["initial_state_source"][idx[flush]]
+        frac, n = _bf16_fraction(f)
+        if n >= min_values and frac >= max_fraction:
+            out.append(Finding("precision.fold", "N3", f"{frac:.0%} of {n} folded state values (fp16 STATE) have "
+                               "their low 3 mantissa bits zero (~12% expected): the fold was rounded through bf16",
+                               value=frac, tol=max_fraction))
+    return out
+
+
+# ------------------------------------------------------------------ extremes (N2)
+
+EXTREME_LOGIT = 120.0  # a on v-head 0: a + dt_bias >> 88.7, where e^x overflows f32
+
+
+def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """N2: with no softplus threshold, a + dt_bias >= 88.7 gives g = -inf: every appended g of
+    that head is -inf or NaN (the kernel's documented behaviour, not a finite softplus)."""
+    inputs = materialize(case, device)
+    inputs["a"][:, :, 0] = EXTREME_LOGIT
+    obs = observe(target, case, device, inputs=inputs)
+    if obs.error is not None:
+        return [Finding("extremes.launch", "H*", f"a launch with a + dt_bias ~ {EXTREME_LOGIT:g} raised "
+                        f"{type(obs.error).__name__}: {obs.error}")]
+    idx = obs.before["initial_state_indices"].long()
+    live = idx >= 0
+    if not bool(live.any()):
+        return []
+    sl = _append_slots(obs.before, case.T)[live]
+    g = obs.after["g_cache"][idx[live][:, None].expand_as(sl), 0, sl]  # [n, T] head 0
+    fin = torch.isfinite(g)
+    if bool(fin.any()):
+        r = int(live.nonzero().flatten()[fin.any(1).nonzero()[0, 0]])
+        return [Finding("extremes.g", "N2", f"with a + dt_bias ~ {EXTREME_LOGIT:g} on v-head 0 the appended g is "
+                        f"finite ({float(g[fin][0]):.4g}); without a softplus threshold it is -inf (N2)",
+                        row=r, head=0)]
+    return []
+
+
+def _register() -> None:
+    for name, clauses, doc, check in (
+        ("guards", "H4,H6,H9-H11,H13,H14", "illegal calls raise the reference target's exception type",
+         check_guards),
+        ("commit", "C2", "restart_hist_on_flush=True commits cursors as standalone_commit (pad rows included) "
+         "and changes nothing else", check_commit),
+        ("precision", "N3", "u records (fp16 ring) and folds (fp16 state) under bf16 IO are rounded once from "
+         "f32, not through bf16", check_precision),
+        ("extremes", "N2", "a + dt_bias >= 88.7 gives -inf g appends (no softplus threshold)", check_extremes),
+    ):
+        _P.register(_P.Property(name=name, clauses=clauses, doc=doc, strategy=_P._cases, check=check))
+
+
+_register()
+
+
+# ------------------------------------------------------------------ run_mutants
+
+
+class _Killed(Exception):
+    pass
+
+
+def _timed_campaign(**kw):
+    """A Campaign that notes when the first check failed (before Hypothesis shrinks it).
+
+    gdn_fuzz.campaign is imported here, not at the top, so that gdn_fuzz.properties may import
+    this module at its end without an import cycle."""
+    from .campaign import Campaign
+
+    class TimedCampaign(Campaign):
+        first_fail = None
+
+        def _check(self, prop, case):
+            found = super()._check(prop, case)
+            if found and self.first_fail is None:
+                self.first_fail = self.stats.elapsed
+            return found
+
+    return TimedCampaign(**kw)
+
+
+def reference_mutants() -> list[str]:
+    return [n for n, m in CATALOGUE.items() if m.base == "reference"]
+
+
+def _baseline_isolated(name: str, arms) -> dict:
+    """The baseline in a child process (for mutants that kill their process)."""
+    code = ("import json, sys\nfrom gdn_fuzz.baseline import run_baseline\nfrom gdn_fuzz.targets import get_target\n"
+            f"r = run_baseline(get_target('mutant:{name}'), arms={tuple(arms)!r})\n"
+            "print(json.dumps(dict(killed=r.killed, failures=r.failures[:5])))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or [""])[-1]
+        return dict(killed=True, failures=[f"the baseline's process died (exit {p.returncode}): {last}"])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=None, *, device: str = "cpu",
+                arms=ARM_NAMES, Ts=(4, 8), buckets=(4, 8), shrink: bool = True, baseline: bool = True,
+                round_examples: int = 25, on_result=None) -> list[dict]:
+    """Per mutant: the suite's campaign (killed, time to kill, shrunk case size) and the baseline.
+
+    names: mutant names (default: every reference-based mutant of the catalogue); budget_s: the
+    campaign budget per mutant (checked between Hypothesis rounds, so a surviving mutant may
+    overrun it by one round); properties: property names or Property objects (default: every
+    registered property).  Returns one dict per mutant (see the keys below); on_result(dict)
+    is called as each finishes.
+    """
+    from .baseline import run_baseline
+    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    names = list(names) if names else reference_mutants()
+    if properties is None:
+        props = list(_P.REGISTRY.values())
+    else:
+        props = [p if isinstance(p, _P.Property) else _P.get_property(p) for p in properties]
+    results = []
+    for name in names:
+        m = get_mutant(name)
+        rec = dict(name=name, clause=m.clause, expected=m.prop, doc=m.doc, base=m.base, budget_s=budget_s,
+                   seed=seed, skipped=None, killed=False, killed_by=None, finding_props=[], expected_hit=False,
+                   t_detect=None, t_kill=None, examples=0, rows=None, case_json_len=None, case=None,
+                   baseline_killed=None, baseline_failures=[])
+        target = get_target(f"mutant:{name}")
+        why = target.unavailable_reason(device)
+        if why:
+            rec["skipped"] = why
+            results.append(rec)
+            if on_result:
+                on_result(rec)
+            continue
+        isolate = m.prop == "crash"
+        use = [p for p in props if not (isolate and p.name in OWN_PROPERTIES)]
+        camp = _timed_campaign(target=target, device=device, properties=use, arms=tuple(arms), Ts=tuple(Ts),
+                               geometries=GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES,
+                               buckets=tuple(buckets), seed=seed, round_examples=round_examples, shrink=shrink,
+                               isolate=isolate, corpus_dir=None)
+
+        def stop(_f):
+            raise _Killed
+
+        try:
+            camp.run(seconds=budget_s, on_finding=stop)
+        except _Killed:
+            pass
+        rec["examples"] = camp.stats.examples
+        rec["properties"] = [p.name for p in use]
+        rec["isolated"] = isolate
+        if camp.findings:
+            f = next(iter(camp.findings.values()))
+            rec.update(killed=True, killed_by=f.prop, finding_props=sorted({x.prop for x in f.findings}),
+                       t_detect=camp.first_fail, t_kill=camp.stats.elapsed,
+                       rows=sum(not r.pad for r in f.case.rows), case_json_len=len(f.case.to_json()),
+                       case=f.case.to_dict(), findings=[str(x) for x in f.findings][:5])
+            rec["expected_hit"] = any(p.startswith(m.prop) for p in rec["finding_props"])
+        else:
+            rec["t_run"] = camp.stats.elapsed
+        if baseline:
+            if isolate:
+                b = _baseline_isolated(name, arms)
+                rec["baseline_killed"], rec["baseline_failures"] = b["killed"], b["failures"]
+            else:
+                b = run_baseline(target, arms=tuple(arms), device=device)
+                rec["baseline_killed"], rec["baseline_failures"] = b.killed, b.failures[:5]
+        results.append(rec)
+        if on_result:
+            on_result(rec)
+    return results
+
+
+def summary(results: list[dict]) -> dict:
+    ran = [r for r in results if not r["skipped"]]
+    killed = [r for r in ran if r["killed"]]
+    t = [r["t_detect"] for r in killed if r["t_detect"] is not None]
+    tk = [r["t_kill"] for r in killed if r["t_kill"] is not None]
+    base = [r for r in ran if r["baseline_killed"] is not None]
+    return dict(mutants=len(ran), killed=len(killed), kill_rate=len(killed) / len(ran) if ran else 0.0,
+                baseline_mutants=len(base), baseline_killed=sum(bool(r["baseline_killed"]) for r in base),
+                baseline_kill_rate=(sum(bool(r["baseline_killed"]) for r in base) / len(base)) if base else None,
+                median_t_detect=statistics.median(t) if t else None, max_t_detect=max(t) if t else None,
+                median_t_kill=statistics.median(tk) if tk else None, max_t_kill=max(tk) if tk else None,
+                skipped=[r["name"] for r in results if r["skipped"]])
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _fmt_t(x):
+    return "-" if x is None else f"{x:.1f}s"
+
+
+def cmd_mutants(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    names = args.only or reference_mutants()
+    for n in names:
+        get_mutant(n)  # unknown names fail before anything runs
+    arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
+    console.print(f"gdn-fuzz mutants: {len(names)} mutants, budget {args.budget:g}s each, seed {args.seed}, "
+                  f"device {args.device}, arms {','.join(arms)}, properties {','.join(_P.REGISTRY)}")
+
+    def one(r):
+        if r["skipped"]:
+            console.print(f"  {r['name']}: skipped ({r['skipped']})", markup=False)
+        else:
+            console.print(f"  {r['name']}: {'killed by ' + r['killed_by'] if r['killed'] else 'SURVIVED'} "
+                          f"in {_fmt_t(r['t_detect'] if r['killed'] else r.get('t_run'))}; baseline "
+                          f"{'killed' if r['baseline_killed'] else 'survived'}", markup=False)
+
+    res = run_mutants(names, args.budget, args.seed, device=args.device, arms=arms, on_result=one)
+    t = Table(title=f"mutation score (budget {args.budget:g}s per mutant, seed {args.seed}; times are wall "
+                    "seconds on this machine)")
+    for col in ("mutant", "clause", "expected", "killed", "killed by", "first finding", "time-to-kill",
+                "shrunk at", "rows", "case JSON", "baseline"):
+        t.add_column(col, no_wrap=col in ("mutant", "expected", "first finding"), overflow="fold")
+    for r in res:
+        if r["skipped"]:
+            t.add_row(r["name"], r["clause"], r["expected"], "skipped", "-", r["skipped"][:40], "-", "-", "-", "-", "-")
+            continue
+        first = "-" if not r["killed"] else r["finding_props"][0] + ("" if r["expected_hit"] else " (unexpected)")
+        t.add_row(r["name"], r["clause"], r["expected"],
+                  "[green]yes[/green]" if r["killed"] else "[red]NO[/red]", r["killed_by"] or "-",
+                  first, _fmt_t(r["t_detect"]), _fmt_t(r["t_kill"]),
+                  "-" if r["rows"] is None else str(r["rows"]),
+                  "-" if r["case_json_len"] is None else str(r["case_json_len"]),
+                  "-" if r["baseline_killed"] is None else ("killed" if r["baseline_killed"] else "survived"))
+    console.print(t)
+    s = summary(res)
+    bl = "-" if s["baseline_kill_rate"] is None else f"{s['baseline_killed']}/{s['baseline_mutants']} " \
+                                                       f"({s['baseline_kill_rate']:.0%})"
+    console.print(f"suite: {s['killed']}/{s['mutants']} killed ({s['kill_rate']:.0%}); time-to-kill median "
+                  f"{_fmt_t(s['median_t_detect'])}, max {_fmt_t(s['max_t_detect'])} (after shrinking: median "
+                  f"{_fmt_t(s['median_t_kill'])}, max {_fmt_t(s['max_t_kill'])}); example-based baseline: {bl}"
+                  + (f"; skipped: {', '.join(s['skipped'])}" if s["skipped"] else ""))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), budget_s=args.budget,
+                           seed=args.seed, device=args.device, arms=list(arms), summary=s, results=res),
+                      fh, indent=1, default=str)
+    return 0 if s["mutants"] and s["killed"] == s["mutants"] else 1
+
+
+def add_parser(subparsers):
+    """Add the `mutants` subcommand to the gdn-fuzz CLI (argparse subparsers)."""
+    p = subparsers.add_parser("mutants", help="mutation score: run the suite and the example-based baseline "
+                                              "against every catalogued mutant")
+    p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every reference mutant)")
+    p.add_argument("--json", help="write the per-mutant results here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
+    p.set_defaults(func=cmd_mutants)
+    return p
