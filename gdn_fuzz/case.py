@@ -175,6 +175,19 @@ def _keys(regime: Regime, gen, shape):
     return k * regime.qk_scale
 
 
+def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: int):
+    """One launch's token inputs from `gen`, in a fixed draw order (corpus entries rely on it).
+
+    Returns float32 CPU tensors q, k [B, T, H, K], v [B, T, HV, V], A_log, dt_bias [HV], a, b [B, T, HV].
+    """
+    q = torch.randn(B, T, H, K, generator=gen) * reg.qk_scale
+    k = _keys(reg, gen, (B, T, H, K))
+    v = torch.randn(B, T, HV, V, generator=gen) * reg.v_scale
+    A_log, dt_bias, a = _decay_params(reg, gen, B, T, HV)
+    b = _beta_logits(reg, gen, (B, T, HV))
+    return q, k, v, A_log, dt_bias, a, b
+
+
 def materialize(case: Case, device: str | torch.device = "cpu") -> dict:
     """The keyword arguments of one entry-point call, generated from case.seed.
 
@@ -186,11 +199,7 @@ def materialize(case: Case, device: str | torch.device = "cpu") -> dict:
     gen = torch.Generator().manual_seed(case.seed)
     B, T, H, HV, K, V, NP = case.B, case.T, case.H, case.HV, case.K, case.V, case.pool
     reg = case.regime
-    q = torch.randn(B, T, H, K, generator=gen) * reg.qk_scale
-    k = _keys(reg, gen, (B, T, H, K))
-    v = torch.randn(B, T, HV, V, generator=gen) * reg.v_scale
-    A_log, dt_bias, a = _decay_params(reg, gen, B, T, HV)
-    b = _beta_logits(reg, gen, (B, T, HV))
+    q, k, v, A_log, dt_bias, a, b = draw_tokens(reg, gen, B, T, H, HV, K, V)
     pool = torch.randn(NP, HV, V, K, generator=gen) * reg.state_scale
     # ring garbage everywhere, then each row's window
     k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=gen)).float()

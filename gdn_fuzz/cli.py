@@ -38,23 +38,31 @@ def _parse_arms(values):
     return tuple(arms)
 
 
-def cmd_run(args) -> int:
-    from .campaign import Campaign
-    from .properties import REGISTRY, get_property
-    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
-
+def _target_device_arms(args):
+    """(target, device, arms) from --target/--device/--arms, or None after saying why not."""
     name = args.target or default_target_name()
     try:
         target = get_target(name)
     except (TargetUnavailable, ValueError) as e:
         console.print(f"[red]target {name!r} unavailable:[/red] {e}")
-        return 2
+        return None
     device = args.device or _default_device(target)
     why = target.unavailable_reason(device)
     if why:
         console.print(f"[red]cannot run:[/red] {why}")
+        return None
+    return target, device, (_parse_arms(args.arms) if args.arms else ARM_NAMES)
+
+
+def cmd_run(args) -> int:
+    from .campaign import Campaign
+    from .properties import REGISTRY, get_property
+    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    got = _target_device_arms(args)
+    if got is None:
         return 2
-    arms = _parse_arms(args.arms) if args.arms else ARM_NAMES
+    target, device, arms = got
     for a in arms:
         target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
@@ -198,13 +206,10 @@ def cmd_report(args) -> int:
 def cmd_unguarded(args) -> int:
     from .unguarded import run_all
 
-    target = get_target(args.target or default_target_name())
-    device = args.device or _default_device(target)
-    why = target.unavailable_reason(device)
-    if why:
-        console.print(f"[red]cannot run:[/red] {why}")
+    got = _target_device_arms(args)
+    if got is None:
         return 2
-    arms = _parse_arms(args.arms) if args.arms else ARM_NAMES
+    target, device, arms = got
     rows = run_all(target, arms, tuple(args.T), device)
     t = Table(title=f"known unguarded inputs on {target} ({device}): measured consequences")
     for col in ("scenario", "clause", "arm", "T", "result"):

@@ -43,6 +43,9 @@ def _context():
 
 def _worker_main(conn, target_name: str, device: str) -> None:
     """Loop: receive (property, case dict), run the check, send ('ok', findings, compiles)."""
+    # Ctrl-C reaches the whole process group: the parent stops the campaign and closes this
+    # worker; dying here first would look like a crash of the case in flight.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .properties import get_property
     from .targets import get_target
 

@@ -71,7 +71,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from .arms import get_arm, unit_roundoff
-from .case import BETAS, DECAYS, KEYS, Case, Regime, Row, _beta_logits, _decay_params, _keys
+from .case import BETAS, DECAYS, KEYS, Case, Regime, Row, _decay_params, draw_tokens
 from .checks import Finding, check_oracle, check_writes, observe
 from .oracles import commit as commits
 from .oracles import gdn as gdn_oracle
@@ -378,11 +378,7 @@ class ServingHarness:
                 rows.append(Row(s, r.hist_len, r.cache_base))
                 accepted.append(acc_draw[b])
         reg = geo.regime
-        q = torch.randn(B, T, H, K_DIM, generator=gen) * reg.qk_scale
-        k = _keys(reg, gen, (B, T, H, K_DIM))
-        v = torch.randn(B, T, HV, V_DIM, generator=gen) * reg.v_scale
-        _, _, a = _decay_params(reg, gen, B, T, HV)
-        b_ = _beta_logits(reg, gen, (B, T, HV))
+        q, k, v, _, _, a, b_ = draw_tokens(reg, gen, B, T, H, HV, K_DIM, V_DIM)
         io = lambda x: x.to(arm.io).to(dev)  # noqa: E731
         case = Case(arm=geo.arm, T=T, H=H, HV=HV, pool=geo.pool, rows=tuple(rows), seed=seed,
                     flush_min=geo.flush_min, restart_hist_on_flush=geo.restart, regime=reg)

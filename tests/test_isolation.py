@@ -47,3 +47,27 @@ def test_campaign_with_isolation_records_the_crash(tmp_path):
     full = [r for r in f.case.rows if not r.pad and r.hist_len == 16]
     assert len(full) == 1 and len([r for r in f.case.rows if not r.pad]) == 1
     assert corpus.read(f.entry_path).keys == [("crash", "R*")]
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_findings(tmp_path):
+    """Ctrl-C (SIGINT to the process group) ends `gdn-fuzz run` cleanly: the finding found before it
+    stays in the corpus, and the worker's share of the signal is not mistaken for a crash."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", "mutant:fold_skipped", "--arms", "bf16",
+           "--T", "4", "--seconds", "600", "--corpus", str(tmp_path), "--property", "launch"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(tmp_path.glob("launch-*.json")):
+        time.sleep(0.5)
+    assert list(tmp_path.glob("launch-*.json")), "no finding before the deadline"
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 1, out  # 1: findings were made
+    entries = [corpus.read(f) for f in tmp_path.glob("*.json")]
+    assert [e.keys for e in entries] == [[("oracle.fold", "M7")]], out
+    assert "gdn-fuzz summary" in out

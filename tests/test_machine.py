@@ -35,6 +35,8 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.machine import DRIFT_C, MachineFailure, machine_class, machine_settings
 from gdn_fuzz.targets import get_target
 
+from gdn_fuzz.mutants import CATALOGUE
+
 from .planted import Plant, plant
 
 
@@ -63,11 +65,7 @@ _C2_OLD = "        cache_base.copy_((cache_base + hist_len * flushed) & (RING_SL
 _C2_NEW = "        cache_base.copy_((cache_base + hist_len) & (RING_SLOTS - 1))"
 
 MACHINE_PLANTS = (
-    Plant("multistep_no_local_g_restart", "M6", "oracle.g",
-          "torch.where(flush[:, None], 0.0, GP)", "GP",
-          "flush rows append G_P + G_s instead of restarting at 0: the new window's g values are "
-          "measured from the old checkpoint, so the next launches decay the fresh checkpoint "
-          "by e^{G_P} too much"),
+    CATALOGUE["no_local_g_restart"],  # multi-step: the fresh window decays from the old checkpoint
     Plant("standalone_commit_slides_verify_rows", "C2", "machine.cursors",
           _C2_OLD, _C2_NEW,
           "the in-place C2 commit slides cache_base by hist_len on every row, verify rows "
