@@ -74,6 +74,7 @@ class Campaign:
     isolate: bool = False  # run checks in a worker process (gdn_fuzz.isolation)
     corpus_dir: object = None  # write every finding here (gdn_fuzz.corpus); None: do not write
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
+    stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # key -> CampaignFinding
 
@@ -154,6 +155,8 @@ class Campaign:
                         self.findings[f.key()] = f
                         self._record(f)
                         on_finding(f)
+                    if self.stop_on_finding and self.findings:
+                        return self
         except KeyboardInterrupt:
             return self
         finally:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
 
@@ -21,3 +24,9 @@ def target_under_test(gdn_selection):
     if why:
         pytest.skip(why)
     return t, arms, device
+
+
+def pytest_configure(config):
+    # The CPU cases are small ([B <= 8, HV <= 8, 128, 128]): intra-op threads only oversubscribe
+    # the cores that xdist workers already share (measured 10-50x slower on a 2-core machine).
+    torch.set_num_threads(int(os.environ.get("GDN_FUZZ_TORCH_THREADS", "1")))
