@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
-from hypothesis.errors import Found  # noqa: F401  (re-exported for callers that catch it)
 
 from .case import Case
 from .checks import Finding

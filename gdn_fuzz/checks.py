@@ -11,7 +11,7 @@ per-(row, head) verdicts come back to the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +42,12 @@ class Finding:
 
     def __str__(self) -> str:
         where = "" if self.row is None else f" row {self.row}" + ("" if self.head is None else f" head {self.head}")
-        num = "" if self.value is None else f" (got {self.value:.3e}, allowed {self.tol:.3e})" if self.tol is not None else f" ({self.value})"
+        if self.value is None:
+            num = ""
+        elif self.tol is None:
+            num = f" ({self.value})"
+        else:
+            num = f" (got {self.value:.3e}, allowed {self.tol:.3e})"
         return f"[{self.clause}] {self.prop}{where}: {self.message}{num}"
 
 
@@ -53,7 +58,6 @@ class Observation:
     after: dict
     output: torch.Tensor | None
     error: BaseException | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def snapshot(inputs: dict) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from gdn_fuzz import mutation
+from gdn_fuzz import mutation  # noqa: F401  (registers the guards, commit, precision and extremes properties)
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.mutants import CATALOGUE

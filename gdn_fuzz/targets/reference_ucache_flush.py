@@ -253,7 +253,6 @@ def _compute_and_store(*, q, k, v, a, b, A_log, dt_bias, h0, idx, k_cache, u_cac
     HV, V = v.shape[2], v.shape[3]
     G = HV // H
     dev = q.device
-    f32 = torch.float32
     idx = idx.to(dev).long()
     P = hist_len.to(dev).long()
     base = cache_base.to(dev).long()
