@@ -193,7 +193,8 @@ def oracle_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = N
     return out
 
 
-def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = None) -> list[Finding]:
+def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = None,
+                 metrics: dict[str, Metric] | None = None) -> list[Finding]:
     """M1-M7 as findings: every output whose worst (row, head) exceeds the arm's tolerance."""
     case = obs.case
     if obs.error is not None:
@@ -203,7 +204,7 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
     if obs.output is None:
         findings.append(Finding("launch", "M8", "the entry point returned None instead of the output tensor"))
     tol = table_for(case.arm)
-    for name, m in oracle_metrics(obs, e).items():
+    for name, m in (oracle_metrics(obs, e) if metrics is None else metrics).items():
         if not bool(m.live.any()):
             continue
         r, h, ratio, rel = m.worst()
@@ -257,10 +258,10 @@ class Findings(list):
     metrics: dict | None = None
 
 
-def row_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = None) -> dict:
+def row_metrics(metrics: dict[str, Metric]) -> dict:
     """Worst error / magnitude per row and output (None where the row has no such output)."""
     out = {}
-    for name, m in oracle_metrics(obs, e).items():
+    for name, m in metrics.items():
         worst = m.rel.amax(1)
         out[name] = [float(v) if bool(live) else None for v, live in zip(worst.tolist(), m.live.tolist())]
     return out
@@ -272,6 +273,7 @@ def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
     if obs.error is not None:
         return Findings(check_oracle(obs))
     e = expectation(obs)
-    res = Findings(check_oracle(obs, e) + check_writes(obs))
-    res.metrics = row_metrics(obs, e)
+    metrics = oracle_metrics(obs, e)
+    res = Findings(check_oracle(obs, e, metrics) + check_writes(obs))
+    res.metrics = row_metrics(metrics)
     return res
