@@ -2,6 +2,7 @@
 
   gdn-fuzz run [--target NAME|PATH] [--arms ...] [--T 4 8] [--device D] [--seconds S | --examples N]
   gdn-fuzz mutants [--budget S] [--only NAME ...] [--json PATH] [--seed N]
+  gdn-fuzz drift [--tokens N] [--arms ...] [--T 4 8] [--accept mtp|all|one] [--out DIR]
   gdn-fuzz replay | report | precision | unguarded | doctor
 """
 
@@ -286,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .mutation import add_parser as add_mutants_parser  # also registers guards, commit, precision, extremes
 
     add_mutants_parser(sub)
+    from .drift import add_parser as add_drift_parser
+
+    add_drift_parser(sub)
     return ap
 
 

@@ -1,0 +1,635 @@
+"""`gdn-fuzz drift`: how far each dtype arm's committed state wanders over long decodes.
+
+What it does, in plain words
+----------------------------
+One target is driven through a long multi-step speculative decode: a batch of requests,
+each verifying T tokens per launch (T = 4 or 8), accepting n of them, and committed by the
+caller (contract C3: restart_hist_on_flush=False, oracles.commit.caller_commit), until
+every request has committed `tokens` tokens (default 32,768).  Requests that are done
+become pad rows (slot -1) for the remaining launches.
+
+Teacher forcing.  Every launch's inputs (q, k, v, a, b of all T drafts, rejected ones
+included) and every accept count are generated once from the seed, keyed by (seed, T,
+step), and are the same for every arm.  Values are drawn in float32 and rounded to bf16
+("the model's activations"); each arm then casts them to its IO dtype, which is exact for
+fp16 IO except for bf16 values outside fp16's range or below its subnormals (counted and
+recorded as `inputs_inexact_fp16`: none among the sampled token inputs of the shipped
+regimes, a few initial-checkpoint elements of magnitude ~1e-6 that fall in fp16's subnormal
+range, an offset of ~1e-7 absolute, far below the measured drift).  The initial checkpoint is
+rounded the same way (bf16, then the arm's STATE dtype).  So all arms see the same numbers
+and there is ONE truth per T: the float64 sequential recurrence (oracles.gdn.sequential via
+oracles.serving.sequential_decode) over exactly the accepted tokens.
+
+Measured per step and arm (float64):
+  state  per (request, v-head): ||S_rebuilt - S_truth||_F / ||S_truth||_F, where S_rebuilt
+         is the committed logical state rebuilt from the target's OWN buffers after the
+         commit: checkpoint + window, oracles.ring.gather_window + oracles.ring.replay (M3).
+  y      per (request, v-head) over the accepted tokens of the step:
+         ||y_target - y_truth||_F / ||y_mag||_F, y_truth from the truth's state and y_mag the
+         same recurrence on absolute values (oracles.gdn.sequential_magnitude, the |terms| that
+         build y).  Not / ||y_truth||: a single accepted token's y is ~ beta v (k.q) under strong
+         decay, and q.k of random unit vectors cancels to ~0 now and then, which made a plain
+         relative error reach 35 on the CPU grid (bf16, accept=one, strong decay) with no drift
+         at all.  The denominator is the error-analysis magnitude the launch checks use too.
+  folds  how many requests folded (P >= flush_min at the launch, M7) since the last recorded step.
+The record keeps, per recorded step, the max and the median over requests (max over heads).
+Jump analysis: per request, d = log10(err_i / err_{i-1}) between consecutive recorded
+steps, split by whether the request folded in between.
+
+Acceptance (accept=...):
+  all       n = T every step.
+  one       n = 1 every step (only the bonus token; the slowest path to a fold).
+  mtp[:M]   a truncated-geometric drafter: n = 1 + (number of leading drafts accepted), each
+            draft accepted independently with the same probability p until the first
+            rejection, so E[n] = (1 - p^T) / (1 - p).  p is solved so that E[n] = M at T = 4
+            (M = 3.5 by default: the "mean accepted length 3.5 like real MTP drafters" of the
+            issue that asked for this study; no acceptance trace was measured here).  For
+            T = 8 the SAME p is used (p is a property of the drafter, not of T), which gives
+            E[n] = 5.92 at M = 3.5 (p = 0.9116).  Real drafters' per-position acceptance falls with depth,
+            so this overstates T = 8's mean accepted length; it is a model, stated as such.
+
+Regimes (regime=...):
+  synthetic  the value regimes of the strategies (gdn_fuzz.case): a decay name (normal |
+             weak | strong) or "decay=D,beta=B,keys=K[,qk_scale=..,v_scale=..,state_scale=..]".
+             A_log and dt_bias are drawn once per run (case._decay_params), q/k/v/a/b per step
+             by case.draw_tokens.
+  realistic  ASSUMED statistics, not measured ones.  A_log = log(A), A ~ U(0, 16) and
+             dt_bias = 1: the GatedDeltaNet parameter initialisation of the public Qwen3-Next /
+             Qwen3.5 model code (HF transformers' Qwen3NextGatedDeltaNet / Qwen3_5 _init_weights:
+             `dt_bias = ones`, `A_log = log(uniform_(0, 16))`, reproduced in public training
+             code), i.e. a freshly initialised layer, NOT a trained checkpoint's values (none
+             was read for this; read A_log / dt_bias from a checkpoint to replace them).  a and
+             b logits ~ N(0, 1) and q, k, v ~ N(0, 1) are assumptions (projections of
+             RMS-normalised hidden states); q and k scale does not matter (M2 normalises them).
+             Initial checkpoint ~ N(0, 0.1^2) per element, as the machine's admit().
+
+Outputs: write_outputs(result, out) writes drift.json (everything), drift.png (relative
+error against committed tokens, log-log, one line per arm, a panel per T for the state and
+for y) and drift.md (final and max error per arm, fp16 state vs bf16 state, jump analysis,
+and a least-squares slope of log10(error) against log10(tokens), see `growth_fit`).
+
+The regression bound for the CPU horizon lives in tests/test_drift.py, beside its
+measurement.
+
+Measured on the CPU, reference target (2026-11-29, torch 2.13.0+cpu, batch 2, H=2, HV=4, all
+five arms, T 4 and 8, seed 0; the reference rounds only at the stores, N3, so the production
+kernel will add to these):
+  normal decay, accept mtp, 32,768 tokens (368 s): every arm flat (slopes -0.001..+0.003);
+    max state error bf16 3.6e-3 (0.93 u), bf16-state16 3.3e-3, bf16-ring16 2.5e-3,
+    bf16-state16-ring16 and fp16 4.6e-4; the largest 1% of per-request jumps fall at folds
+    (97-100%, against a fold share of 24% / 46% at T = 4 / 8).  fp16 state beats bf16 state
+    by x1.1 with a bf16 ring (the ring's u records dominate) and by x5.7 with an fp16 ring.
+  realistic (assumed) regime, accept mtp, 8,192 tokens: flat, max 3.4e-3 (bf16), 4.0e-4 (fp16).
+  weak decay + beta near 0, accept one, 4,096 tokens: bf16-STATE arms grow systematically
+    (slope +0.88 / +0.90; 9.6e-2 at T = 4 and 1.9e-1 at T = 8 after 4,096 tokens: the fold
+    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.machine.DRIFT_C), fp16-STATE
+    arms like a random walk (slope +0.49; 3.6e-3 / 4.3e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .arms import ARM_NAMES, get_arm, unit_roundoff
+from .case import Regime, _decay_params, draw_tokens
+from .oracles import commit as commits
+from .oracles import gdn as gdn_oracle
+from .oracles import ring as ring_oracle
+from .oracles.serving import StepInputs, sequential_decode
+
+K_DIM = V_DIM = 128
+W_RING = ring_oracle.W_RING
+RING_SLOTS = ring_oracle.RING_SLOTS
+DEFAULT_TOKENS = 32768
+MTP_MEAN_T4 = 3.5
+# growth verdict thresholds on the fitted slope of log10(err) vs log10(tokens)
+SLOPE_BOUNDED = 0.1  # below: no growth (rounding errors washed out by decay)
+SLOPE_SYSTEMATIC = 0.6  # above: systematic (linear-like) growth; between: random-walk-like (~0.5)
+FIT_FROM = 1.0 / 16  # fit over steps with mean committed tokens >= FIT_FROM * horizon
+
+
+# ------------------------------------------------------------------ acceptance
+
+
+def mtp_p(mean_t4: float = MTP_MEAN_T4) -> float:
+    """Per-draft acceptance probability p with E[n] = 1 + p + p^2 + p^3 = mean_t4 at T = 4."""
+    if not 1.0 <= mean_t4 <= 4.0:
+        raise ValueError(f"mtp mean accepted length at T=4 must lie in [1, 4]; got {mean_t4}")
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(4)) < mean_t4:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def parse_accept(accept: str):
+    """'all' | 'one' | 'mtp' | 'mtp:MEAN' -> (kind, p or None)."""
+    if accept in ("all", "one"):
+        return accept, None
+    if accept == "mtp" or accept.startswith("mtp:"):
+        mean = float(accept.split(":", 1)[1]) if ":" in accept else MTP_MEAN_T4
+        return "mtp", mtp_p(mean)
+    raise ValueError(f"accept={accept!r}; use all | one | mtp | mtp:MEAN (mean accepted length at T=4)")
+
+
+def expected_accept(accept: str, T: int) -> float:
+    kind, p = parse_accept(accept)
+    if kind == "all":
+        return float(T)
+    if kind == "one":
+        return 1.0
+    return sum(p**i for i in range(T))
+
+
+def draw_accepts(rnd: random.Random, kind: str, p, T: int, B: int) -> list[int]:
+    if kind == "all":
+        return [T] * B
+    if kind == "one":
+        return [1] * B
+    out = []
+    for _ in range(B):
+        n = 1
+        while n < T and rnd.random() < p:
+            n += 1
+        out.append(n)
+    return out
+
+
+# ------------------------------------------------------------------ regimes
+
+REALISTIC_DOC = ("ASSUMED, not measured: A_log = log(U(0, 16)), dt_bias = 1 (the GatedDeltaNet init of the public "
+                 "Qwen3-Next / Qwen3.5 model code, i.e. an untrained layer), a, b ~ N(0, 1), q, k, v ~ N(0, 1), "
+                 "initial checkpoint ~ N(0, 0.1^2)")
+
+
+def parse_regime(regime: str) -> Regime | None:
+    """None for 'realistic'; else a case.Regime from a decay name or 'key=value,...'."""
+    if regime == "realistic":
+        return None
+    if "=" not in regime:
+        return Regime(decay=regime)
+    kw = {}
+    for part in regime.split(","):
+        key, _, val = part.partition("=")
+        key, val = key.strip(), val.strip()
+        if key not in Regime.__dataclass_fields__:
+            raise ValueError(f"regime field {key!r} unknown; use {', '.join(Regime.__dataclass_fields__)}")
+        typ = type(getattr(Regime(), key))
+        kw[key] = (val.lower() in ("1", "true", "yes")) if typ is bool else typ(val)
+    return Regime(**kw)
+
+
+def _params(reg: Regime | None, gen, HV: int):
+    if reg is None:
+        A = torch.empty(HV).uniform_(0.0, 16.0, generator=gen).clamp_min(1e-4)
+        return torch.log(A), torch.ones(HV)
+    A_log, dt_bias, _ = _decay_params(reg, gen, 1, 1, HV)
+    return A_log, dt_bias
+
+
+def _tokens(reg: Regime | None, gen, B, T, H, HV):
+    if reg is None:
+        q = torch.randn(B, T, H, K_DIM, generator=gen)
+        k = torch.randn(B, T, H, K_DIM, generator=gen)
+        v = torch.randn(B, T, HV, V_DIM, generator=gen)
+        a = torch.randn(B, T, HV, generator=gen)
+        b = torch.randn(B, T, HV, generator=gen)
+        return q, k, v, a, b
+    q, k, v, _, _, a, b = draw_tokens(reg, gen, B, T, H, HV, K_DIM, V_DIM)
+    return q, k, v, a, b
+
+
+def _bf(x):
+    return x.to(torch.bfloat16)
+
+
+def _inexact_fp16(x) -> int:
+    """bf16 elements that do not survive a round trip through fp16 (overflow / deep underflow)."""
+    return int((x.to(torch.float16).to(torch.bfloat16) != x).sum())
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _seed(*parts) -> int:
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+def _rel(err, ref):
+    return torch.nan_to_num(err / ref.clamp_min(1e-300), nan=float("inf"))
+
+
+def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TOKENS, batch: int = 4,
+              accept: str = "mtp", regime: str = "normal", seed: int = 0, device: str = "cpu",
+              record_every: int = 1, *, heads: tuple[int, int] | None = None, flush_min: int | None = None,
+              progress=None) -> dict:
+    """Teacher-forced long-horizon drift of every arm against one float64 truth (module doc).
+
+    target: a Target or a name for targets.get_target.  heads: (H, HV), default (16, 64)
+    (Qwen3.5 geometry, contract section 7) on CUDA and (2, 4) on the CPU.  flush_min: default
+    the lazy rule 17 - T.  record_every: record every k-th step (and the last one); the
+    rebuild and error measurement run only on recorded steps.  progress: optional callable
+    (T, arm-independent step, committed tokens) for a progress display.
+    Returns a JSON-ready dict (see write_outputs).
+    """
+    from .targets import get_target
+
+    if isinstance(target, str):
+        target = get_target(target)
+    arms = tuple(arms)
+    for a in arms:
+        get_arm(a)
+    dev = torch.device(device)
+    if heads is None:
+        heads = (16, 64) if dev.type == "cuda" else (2, 4)
+    H, HV = heads
+    if HV % H:
+        raise ValueError(f"HV={HV} is not a multiple of H={H}")
+    if record_every < 1:
+        raise ValueError("record_every must be >= 1")
+    kind, p = parse_accept(accept)
+    reg = parse_regime(regime)
+    B = batch
+    scale = 1.0 / math.sqrt(K_DIM)
+    t_start = time.time()
+    result = {
+        "meta": dict(target=str(target), path=str(target.path), device=str(dev), arms=list(arms), Ts=list(Ts),
+                     tokens=tokens, batch=B, H=H, HV=HV, accept=accept, accept_p=p,
+                     expected_accept={str(T): expected_accept(accept, T) for T in Ts},
+                     regime=regime, regime_fields=(asdict(reg) if reg is not None else REALISTIC_DOC),
+                     seed=seed, record_every=record_every, commit="caller (C3, restart_hist_on_flush=False)",
+                     torch=torch.__version__, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     unit_roundoff={a: _arm_u(a) for a in arms}),
+        "runs": {},
+    }
+    for T in Ts:
+        fmin = flush_min if flush_min is not None else W_RING - T + 1
+        result["runs"][str(T)] = _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every,
+                                        fmin, scale, progress)
+    result["meta"]["seconds"] = time.time() - t_start
+    return result
+
+
+def _arm_u(arm) -> float:
+    a = get_arm(arm)
+    return max(unit_roundoff(d) for d in (a.io, a.pack, a.state, a.ring))
+
+
+def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every, fmin, scale, progress):
+    gen0 = torch.Generator().manual_seed(_seed(seed, T, 0xA11))
+    A_log, dt_bias = (_bf(x) for x in _params(reg, gen0, HV))
+    state_scale = reg.state_scale if reg is not None else 0.1
+    S0 = _bf(torch.randn(B, HV, V_DIM, K_DIM, generator=gen0) * state_scale)
+    inexact = _inexact_fp16(A_log) + _inexact_fp16(dt_bias) + _inexact_fp16(S0)
+    # per-arm target buffers: pool slot b = request b; rings start as garbage (never reachable)
+    bufs = {}
+    for arm in arms:
+        spec = get_arm(arm)
+        g = torch.Generator().manual_seed(_seed(seed, T, 0x6A5))
+        bufs[arm] = dict(
+            spec=spec,
+            # copy=True: arms whose dtype equals bf16 must not share (and co-fold) one tensor
+            A_log=A_log.to(device=dev, dtype=spec.io, copy=True),
+            dt_bias=dt_bias.to(device=dev, dtype=spec.io, copy=True),
+            pool=S0.to(device=dev, dtype=spec.state, copy=True),
+            k_cache=gdn_oracle.l2norm(torch.randn(B, H, RING_SLOTS, K_DIM, generator=g)).to(spec.ring).to(dev),
+            u_cache=torch.randn(B, HV, RING_SLOTS, V_DIM, generator=g).to(spec.ring).to(dev),
+            g_cache=(-torch.rand(B, HV, RING_SLOTS, generator=g) * 4.0).float().to(dev),
+            output=torch.zeros(B, T, HV, V_DIM, dtype=spec.io, device=dev),
+        )
+    truth = S0.double().to(dev)
+    A64, dt64 = A_log.double().to(dev), dt_bias.double().to(dev)
+    hist = torch.zeros(B, dtype=torch.long)
+    base = torch.zeros(B, dtype=torch.long)
+    committed = torch.zeros(B, dtype=torch.long)
+    rnd = random.Random(_seed(seed, T, 0xACC))
+    series = dict(step=[], tokens=[], tokens_min=[], folds=[], live=[],
+                  arms={a: dict(state_max=[], state_med=[], y_max=[], y_med=[]) for a in arms})
+    prev_err = {a: None for a in arms}
+    folded_since = torch.zeros(B, dtype=torch.bool)
+    jumps = {a: dict(fold=[], other=[]) for a in arms}
+    per_req_max = {a: torch.zeros(B, dtype=torch.float64) for a in arms}
+    y_worst = {a: 0.0 for a in arms}
+    total_folds = 0
+    total_launches = 0
+    folds_acc = 0  # folds since the last recorded step
+    step = 0
+    idx_all = torch.arange(B)
+    while bool((committed < tokens).any()):
+        live = committed < tokens
+        acc = torch.tensor(draw_accepts(rnd, kind, p, T, B), dtype=torch.long)
+        acc = torch.minimum(acc, (tokens - committed).clamp_min(0))
+        acc = torch.where(live, acc, torch.zeros_like(acc))
+        gen = torch.Generator().manual_seed(_seed(seed, T, step))
+        q, k, v, a, b = (_bf(x) for x in _tokens(reg, gen, B, T, H, HV))
+        if step == 0 or step % 997 == 0:  # a sample is enough: the regimes are fixed distributions
+            inexact += sum(_inexact_fp16(x) for x in (q, k, v, a, b))
+        idx = torch.where(live, idx_all, torch.full_like(idx_all, -1))
+        folds = live & (hist >= fmin)
+        total_folds += int(folds.sum())
+        folded_since |= folds
+        # ---- truth: sequential decode of the accepted tokens of the live requests
+        li = live.nonzero().flatten().to(dev)
+        tok = StepInputs(q=q.to(dev)[li], k=k.to(dev)[li], v=v.to(dev)[li], a=a.to(dev)[li], b=b.to(dev)[li],
+                         accepted=acc.to(dev)[li])
+        g_t, beta_t = gdn_oracle.gates(tok.a, dt64, A64, tok.b)
+        qh, kh = gdn_oracle.normalized_qk(tok.q, tok.k, HV, scale)
+        y_mag, _, _ = gdn_oracle.sequential_magnitude(truth[li].abs(), qh, kh, tok.v, g_t, beta_t)
+        S_next, y_true = sequential_decode(truth[li], tok, A64, dt64, scale)
+        truth[li] = S_next
+        new_hist, new_base = commits.caller_commit(hist, base, acc, fmin)
+        new_hist = torch.where(live, new_hist, hist)
+        new_base = torch.where(live, new_base, base)
+        record = (step % record_every == 0) or not bool((committed + acc < tokens).any())
+        for arm in arms:
+            buf = bufs[arm]
+            # a fresh copy per arm in its IO dtype (exact: the inputs are bf16 values)
+            ca, cb, cq, ck, cv = (x.to(device=dev, dtype=buf["spec"].io, copy=True) for x in (a, b, q, k, v))
+            target.launch(
+                arm, A_log=buf["A_log"], dt_bias=buf["dt_bias"], a=ca, b=cb, q=cq, k=ck, v=cv,
+                initial_state_source=buf["pool"], initial_state_indices=idx.to(torch.int32).to(dev),
+                k_cache=buf["k_cache"], u_cache=buf["u_cache"], g_cache=buf["g_cache"],
+                hist_len=hist.to(torch.int32).to(dev), cache_base=base.to(torch.int32).to(dev),
+                output=buf["output"], scale=scale, flush_min=fmin, restart_hist_on_flush=False)
+            total_launches += 1
+            if not record:
+                continue
+            # ---- committed logical state rebuilt from the target's own buffers (M3), float64
+            kw, uw, Gw, valid = ring_oracle.gather_window(buf["k_cache"], buf["u_cache"], buf["g_cache"],
+                                                          idx_all.to(dev), new_hist.to(dev), new_base.to(dev), HV)
+            S_rb, _, _ = ring_oracle.replay(buf["pool"][idx_all.to(dev)], kw, uw, Gw, valid, new_hist.to(dev))
+            err = (S_rb - truth).pow(2).sum((-2, -1)).sqrt()
+            rel = _rel(err, truth.pow(2).sum((-2, -1)).sqrt()).amax(1).cpu()  # [B], max over heads
+            per_req_max[arm] = torch.maximum(per_req_max[arm], rel)
+            ser = series["arms"][arm]
+            ser["state_max"].append(float(rel.max()))
+            ser["state_med"].append(float(rel.median()))
+            # ---- outputs of the accepted tokens
+            yk = buf["output"][li].double()
+            n_acc = acc.to(dev)[li]
+            m = (torch.arange(T, device=dev)[None, :] < n_acc[:, None]).double()[..., None, None]
+            ye = ((yk - y_true) * m).pow(2).sum((1, 3)).sqrt()
+            yr = _rel(ye, (y_mag * m).pow(2).sum((1, 3)).sqrt()).amax(1).cpu() if len(li) else torch.zeros(0)
+            if len(yr):
+                ser["y_max"].append(float(yr.max()))
+                ser["y_med"].append(float(yr.median()))
+                y_worst[arm] = max(y_worst[arm], float(yr.max()))
+            else:
+                ser["y_max"].append(None)
+                ser["y_med"].append(None)
+            # ---- jumps between consecutive recorded steps, split by fold
+            if prev_err[arm] is not None:
+                d = torch.log10(rel.clamp_min(1e-300) / prev_err[arm].clamp_min(1e-300))
+                moved = live
+                jumps[arm]["fold"] += d[moved & folded_since].tolist()
+                jumps[arm]["other"] += d[moved & ~folded_since].tolist()
+            prev_err[arm] = rel
+        hist, base = new_hist, new_base
+        committed = committed + acc
+        if record:
+            series["step"].append(step)
+            series["tokens"].append(float(committed.double().mean()))
+            series["tokens_min"].append(int(committed.min()))
+            series["live"].append(int(live.sum()))
+            folded_since[:] = False
+        folds_acc += int(folds.sum())
+        if record:
+            series["folds"].append(folds_acc)
+            folds_acc = 0
+        step += 1
+        if progress is not None:
+            progress(T, step, float(committed.double().mean()))
+    summary = {}
+    for arm in arms:
+        ser = series["arms"][arm]
+        summary[arm] = dict(
+            u=_arm_u(arm),
+            state_final=ser["state_max"][-1], state_max=max(ser["state_max"]),
+            state_max_over_u=max(ser["state_max"]) / _arm_u(arm),
+            state_final_per_request=per_req_max[arm].tolist(),
+            y_final=next((x for x in reversed(ser["y_max"]) if x is not None), None), y_max=y_worst[arm],
+            fit=growth_fit(series["tokens"], ser["state_max"], tokens),
+            jumps=_jump_stats(jumps[arm]),
+        )
+    return dict(T=T, flush_min=fmin, steps=step, launches=total_launches, folds=total_folds,
+                inputs_inexact_fp16=inexact, summary=summary, series=series)
+
+
+def _jump_stats(j) -> dict:
+    f, o = j["fold"], j["other"]
+    out = dict(n_fold=len(f), n_other=len(o),
+               mean_log10_fold=(sum(f) / len(f)) if f else None,
+               mean_log10_other=(sum(o) / len(o)) if o else None)
+    allj = sorted([(x, True) for x in f] + [(x, False) for x in o], key=lambda t: -t[0])
+    top = allj[: max(1, len(allj) // 100)] if allj else []
+    out["top1pct_at_folds"] = (sum(1 for _, is_f in top if is_f) / len(top)) if top else None
+    out["fold_fraction"] = len(f) / len(allj) if allj else None
+    return out
+
+
+def growth_fit(tokens_x, err, horizon) -> dict:
+    """Least-squares slope of log10(err) against log10(committed tokens), over the steps with
+    mean committed tokens >= FIT_FROM * horizon (the start-up transient left out), and the
+    verdict: bounded (slope < SLOPE_BOUNDED), random-walk-like, or systematic (>= SLOPE_SYSTEMATIC)."""
+    pts = [(math.log10(x), math.log10(e)) for x, e in zip(tokens_x, err)
+           if x >= max(FIT_FROM * horizon, 1.0) and e is not None and 0 < e < float("inf")]
+    if len(pts) < 3:
+        return dict(slope=None, intercept=None, points=len(pts), verdict="too few points")
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return dict(slope=None, intercept=None, points=n, verdict="one token count")
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    verdict = ("bounded" if slope < SLOPE_BOUNDED else "systematic growth" if slope >= SLOPE_SYSTEMATIC
+               else "random-walk-like growth")
+    return dict(slope=slope, intercept=my - slope * mx, points=n, from_tokens=FIT_FROM * horizon, verdict=verdict)
+
+
+# ------------------------------------------------------------------ outputs
+
+
+def write_outputs(result: dict, out_dir) -> dict[str, Path]:
+    """drift.json, drift.png and drift.md in out_dir; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = dict(json=out / "drift.json", png=out / "drift.png", md=out / "drift.md")
+    paths["json"].write_text(json.dumps(result, indent=1, default=str))
+    _plot(result, paths["png"])
+    paths["md"].write_text(summary_markdown(result))
+    return paths
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    Ts = list(runs)
+    fig, axes = plt.subplots(2, len(Ts), figsize=(6 * len(Ts), 7), squeeze=False)
+    for j, T in enumerate(Ts):
+        ser = runs[T]["series"]
+        for i, (key, what, ylab) in enumerate((
+                ("state_max", "committed state", "||S - S_truth|| / ||S_truth||"),
+                ("y_max", "outputs y of the accepted tokens", "||y - y_truth|| / ||y magnitude||"))):
+            ax = axes[i][j]
+            for arm, s in ser["arms"].items():
+                xs = [x for x, e in zip(ser["tokens"], s[key]) if e is not None and e > 0]
+                ys = [e for e in s[key] if e is not None and e > 0]
+                ax.plot(xs, ys, lw=0.8, label=arm)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("committed tokens per request (mean over the batch)")
+            ax.set_ylabel(f"{ylab}\n(max over requests, heads)", fontsize=8)
+            ax.set_title(f"T={T}: {what}", fontsize=9)
+            ax.legend(fontsize=7)
+    m = result["meta"]
+    fig.suptitle(f"drift: target {m['target']}, regime {m['regime']}, accept {m['accept']}, batch {m['batch']}, "
+                 f"H={m['H']} HV={m['HV']}, {m['device']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _fmt(x, f=".2e"):
+    return "-" if x is None else format(x, f)
+
+
+def summary_markdown(result: dict) -> str:
+    m = result["meta"]
+    md = ["# Long-horizon drift", "",
+          f"- target `{m['target']}` on {m['device']}; arms {', '.join(m['arms'])}; T {m['Ts']}; H={m['H']}, "
+          f"HV={m['HV']}, batch {m['batch']}; {m['tokens']} committed tokens per request; seed {m['seed']}; "
+          f"{m.get('seconds', 0):.0f} s, torch {m['torch']}, {m['date']}",
+          f"- acceptance `{m['accept']}`" + (f" (per-draft p = {m['accept_p']:.4f}; E[n] = " + ", ".join(
+              f"{v:.2f} at T={k}" for k, v in m["expected_accept"].items()) + ")" if m["accept_p"] else ""),
+          f"- regime `{m['regime']}`: {m['regime_fields']}",
+          "- truth: float64 sequential recurrence over the accepted tokens, the same teacher-forced inputs for every "
+          "arm; state error = ||rebuilt - truth||_F / ||truth||_F per (request, head), rebuilt in float64 from the "
+          "target's checkpoint + window; y error = ||y - y_truth||_F / ||y magnitude||_F over the accepted tokens "
+          "(magnitude: the recurrence on |terms|, no cancellation); commit C3 (caller), lazy flush_min", ""]
+    for T, run in result["runs"].items():
+        md += [f"## T = {T} (flush_min {run['flush_min']}): {run['steps']} steps, {run['launches']} launches, "
+               f"{run['folds']} folds", ""]
+        if run.get("inputs_inexact_fp16"):
+            md.append(f"Note: {run['inputs_inexact_fp16']} bf16 elements (initial checkpoint, sampled inputs) are not "
+                      "exact in fp16 (tiny values in fp16's subnormal range); the fp16-STATE / fp16-IO arms start from "
+                      "them rounded, an offset far below the errors above.")
+            md.append("")
+        md += ["| arm | u | state final | state max | max / u | y final | y max | slope (log-log) | growth |"
+               " mean log10 jump at folds / elsewhere | top-1% jumps at folds (fold share) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for arm, s in run["summary"].items():
+            f, j = s["fit"], s["jumps"]
+            md.append(f"| {arm} | {s['u']:.1e} | {_fmt(s['state_final'])} | {_fmt(s['state_max'])} | "
+                      f"{s['state_max_over_u']:.3f} | {_fmt(s['y_final'])} | {_fmt(s['y_max'])} | "
+                      f"{_fmt(f['slope'], '+.3f')} | {f['verdict']} | {_fmt(j['mean_log10_fold'], '+.3f')} / "
+                      f"{_fmt(j['mean_log10_other'], '+.3f')} | {_fmt(j['top1pct_at_folds'], '.2f')} "
+                      f"({_fmt(j['fold_fraction'], '.2f')}) |")
+        md.append("")
+        summ = run["summary"]
+        for st16, st8 in (("bf16-state16", "bf16"), ("bf16-state16-ring16", "bf16-ring16")):
+            if st16 in summ and st8 in summ:
+                a, b = summ[st16], summ[st8]
+                verdict = "beats" if a["state_max"] < b["state_max"] else "does NOT beat"
+                ratio = b["state_max"] / max(a["state_max"], 1e-300)
+                md.append(f"- fp16 state ({st16}) {verdict} bf16 state ({st8}): max state error "
+                          f"{a['state_max']:.2e} vs {b['state_max']:.2e} (x{ratio:.1f}), "
+                          f"final {a['state_final']:.2e} vs {b['state_final']:.2e} "
+                          f"(x{b['state_final'] / max(a['state_final'], 1e-300):.1f}).")
+        if "fp16" in summ and "bf16" in summ:
+            a, b = summ["fp16"], summ["bf16"]
+            md.append(f"- all-fp16 arm vs all-bf16 arm: max state error {a['state_max']:.2e} vs {b['state_max']:.2e} "
+                      f"(x{b['state_max'] / max(a['state_max'], 1e-300):.1f}).")
+        grow = [arm for arm, s in summ.items() if s["fit"]["verdict"] not in ("bounded", "too few points")]
+        md.append(f"- unbounded growth: {', '.join(grow) if grow else 'none'} (see the fit below).")
+        md.append("")
+    md += ["## How to read the fit and the jumps", "",
+           f"Slope: ordinary least squares of log10(state error, max over requests and heads) against "
+           f"log10(mean committed tokens), over the recorded steps with at least {FIT_FROM:g} x the horizon "
+           f"committed (start-up transient left out).  Verdict: slope < {SLOPE_BOUNDED} bounded; "
+           f"{SLOPE_BOUNDED} to {SLOPE_SYSTEMATIC} random-walk-like (independent rounding errors add in quadrature: "
+           f"slope 0.5); >= {SLOPE_SYSTEMATIC} systematic (a bias that accumulates: slope 1).  A max over requests is "
+           "noisy: read the plot too.", "",
+           "Jumps: per request, log10(error after / error before) between consecutive recorded steps, split by "
+           "whether the request folded (P >= flush_min at the launch) in between; 'top-1% jumps at folds' is the "
+           "share of the largest 1% of jumps that contain a fold, to compare with the fold share of all intervals.",
+           "", "![drift](drift.png)", ""]
+    return "\n".join(md)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def add_parser(subparsers):
+    """Add `gdn-fuzz drift` to the CLI (argparse subparsers)."""
+    p = subparsers.add_parser("drift", help="long-horizon drift of each dtype arm's committed state "
+                                            "(teacher-forced, float64 truth): JSON, plot, Markdown")
+    p.add_argument("--target", default="reference", help="reference | production | mutant:NAME | PATH.py")
+    p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
+    p.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="committed tokens per request")
+    p.add_argument("--batch", type=int, default=4, help="requests per launch")
+    p.add_argument("--accept", default="mtp", help="mtp | mtp:MEAN (mean accepted length at T=4) | all | one")
+    p.add_argument("--regime", default="normal",
+                   help="realistic | normal | weak | strong | 'decay=D,beta=B,keys=K,...' (gdn_fuzz.case.Regime)")
+    p.add_argument("--heads", default=None, help="H,HV (default 16,64 on CUDA, 2,4 on the CPU)")
+    p.add_argument("--record-every", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--out", default="drift", help="output folder")
+    p.set_defaults(func=cmd_drift)
+    return p
+
+
+def cmd_drift(args) -> int:
+    from .targets import TargetUnavailable, get_target
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        target = get_target(args.target)
+    except (TargetUnavailable, ValueError) as e:
+        print(f"target {args.target!r} unavailable: {e}")
+        return 2
+    why = target.unavailable_reason(args.device)
+    if why:
+        print(f"cannot run: {why}")
+        return 2
+    arms = [a.strip() for v in (args.arms or list(ARM_NAMES)) for a in v.split(",") if a.strip()]
+    heads = tuple(int(x) for x in args.heads.split(",")) if args.heads else None
+    last = [0.0]
+
+    def progress(T, step, tok):
+        if time.time() - last[0] > 10:
+            last[0] = time.time()
+            print(f"  T={T} step {step}: {tok:.0f} / {args.tokens} tokens", flush=True)
+
+    res = run_drift(target, arms, tuple(args.T), args.tokens, args.batch, args.accept, args.regime, args.seed,
+                    args.device, args.record_every, heads=heads, progress=progress)
+    paths = write_outputs(res, args.out)
+    for T, run in res["runs"].items():
+        for arm, s in run["summary"].items():
+            print(f"T={T} {arm:20s} state final {s['state_final']:.2e} max {s['state_max']:.2e} "
+                  f"({s['state_max_over_u']:.2f} u)  y max {s['y_max']:.2e}  slope {_fmt(s['fit']['slope'], '+.3f')} "
+                  f"({s['fit']['verdict']})")
+    print(f"written: {', '.join(str(p) for p in paths.values())}")
+    return 0
