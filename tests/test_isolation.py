@@ -60,13 +60,21 @@ def test_ctrl_c_stops_cleanly_and_keeps_findings(tmp_path):
 
     cmd = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", "mutant:fold_skipped", "--arms", "bf16",
            "--T", "4", "--seconds", "600", "--corpus", str(tmp_path), "--property", "launch"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list(tmp_path.glob("launch-*.json")):
-        time.sleep(0.5)
-    assert list(tmp_path.glob("launch-*.json")), "no finding before the deadline"
-    os.killpg(p.pid, signal.SIGINT)
-    out, _ = p.communicate(timeout=120)
+    # xdist workers run with SIGINT ignored and children inherit that (Python then installs no
+    # KeyboardInterrupt handler): give the campaign the disposition an interactive shell gives it
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list(tmp_path.glob("launch-*.json")):
+            time.sleep(0.5)
+        assert list(tmp_path.glob("launch-*.json")), "no finding before the deadline"
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:  # never leave the campaign running behind a failed test
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     assert p.returncode == 1, out  # 1: findings were made
     entries = [corpus.read(f) for f in tmp_path.glob("*.json")]
     assert [e.keys for e in entries] == [[("oracle.fold", "M7")]], out
