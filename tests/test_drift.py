@@ -27,11 +27,9 @@ import argparse
 import json
 
 import pytest
-import torch
 
 from gdn_fuzz.drift import add_parser, draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
 
-torch.set_num_threads(1)
 
 ARMS = ("bf16", "bf16-state16")
 HORIZON = 512

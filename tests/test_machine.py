@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -39,15 +38,6 @@ from gdn_fuzz.mutants import CATALOGUE
 
 from .planted import Plant, plant
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The per-step tensors are small: extra intra-op threads only add contention on a
-    loaded 2-core machine (measured 10-50x slower).  Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_serving_machine_tracks_truth(target_under_test):

@@ -73,15 +73,6 @@ def hsettings(n: int):
 WORST: dict[str, float] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only add contention (10-50x slower on a
-    loaded 2-core machine).  Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def record(name: str, err: float) -> float:
     """Keep the worst measured error of each identity (printed with GDN_ORACLE_REPORT=1)."""

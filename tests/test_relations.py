@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, event, find, given, settings
 from hypothesis import strategies as st
 
@@ -37,14 +36,6 @@ from gdn_fuzz.targets import REFERENCE_PATH, get_target
 
 from .planted import Plant, plant
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small tensors: intra-op threads only add contention on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _run_check(target_under_test, data, check):

@@ -47,13 +47,6 @@ from gdn_fuzz.serving_harness import (
 from gdn_fuzz.targets import get_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _short(n: int) -> settings:
     """The active profile, capped at n examples (the CPU run of this file stays well under a minute)."""
