@@ -1,0 +1,104 @@
+"""The loader and the command line, end to end on the CPU.
+
+Loader: a module that does not fit the contract is refused with a message that says what is
+wrong; the dtype env vars are set only while a module imports; GDN_FUZZ_KERNEL_MODULE picks
+the production file; the SM100 variant reports why it is unavailable.
+CLI: `run` exits 0 on the reference and 1 on a planted bug, `replay` reproduces a corpus
+entry, `report` writes its files, `doctor` names every target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gdn_fuzz import cli
+from gdn_fuzz.arms import ENV_VARS, get_arm
+from gdn_fuzz.targets import (REFERENCE_PATH, TargetMismatch, TargetUnavailable, get_target, load_module,
+                              resolve_production_path)
+
+
+def _module(tmp_path, name, text):
+    p = tmp_path / f"{name}.py"
+    p.write_text(text)
+    return p
+
+
+def test_module_with_a_16_slot_ring_is_refused(tmp_path):
+    """D3: RING_SLOTS must be 32 (the old 16-slot ring format is another contract)."""
+    src = REFERENCE_PATH.read_text().replace("RING_SLOTS = 32", "RING_SLOTS = 16")
+    with pytest.raises(TargetMismatch, match=r"RING_SLOTS=16, expected 32"):
+        load_module(_module(tmp_path, "ring16", src), "bf16")
+
+
+def test_module_without_the_entry_point_is_refused(tmp_path):
+    p = _module(tmp_path, "empty", "RING_SLOTS = 32\nW_RING = 16\n")
+    with pytest.raises(TargetMismatch, match="defines no callable gated_delta_rule_mtp_ucache_flush"):
+        load_module(p, "bf16")
+
+
+def test_module_that_ignores_the_arm_env_is_refused(tmp_path):
+    """D1: a module that does not read GDN_UCACHE_*_DTYPE cannot serve the fp16 arm."""
+    src = REFERENCE_PATH.read_text().replace('os.environ.get("GDN_UCACHE_IO_DTYPE", "bf16")', '"bf16"')
+    with pytest.raises(TargetMismatch, match=r"IO_TORCH=torch.bfloat16 but arm fp16 needs torch.float16"):
+        load_module(_module(tmp_path, "noenv", src), "fp16")
+
+
+def test_arm_env_is_scoped_to_the_import(monkeypatch):
+    """D1: loading every arm leaves the process environment as it was."""
+    monkeypatch.setenv("GDN_UCACHE_IO_DTYPE", "sentinel")
+    monkeypatch.delenv("GDN_UCACHE_STATE_DTYPE", raising=False)
+    t = get_target("reference")
+    for arm in ("bf16", "fp16", "bf16-state16-ring16"):
+        m = t.module(arm)
+        assert (m.IO_TORCH, m.ST_TORCH, m.RING_TORCH) == (get_arm(arm).io, get_arm(arm).state, get_arm(arm).ring)
+    assert os.environ["GDN_UCACHE_IO_DTYPE"] == "sentinel" and "GDN_UCACHE_STATE_DTYPE" not in os.environ
+    assert set(ENV_VARS) == {"GDN_UCACHE_IO_DTYPE", "GDN_UCACHE_STATE_DTYPE", "GDN_UCACHE_RING_DTYPE"}
+
+
+def test_kernel_module_env_var_picks_the_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("GDN_FUZZ_KERNEL_MODULE", str(REFERENCE_PATH))
+    assert resolve_production_path() == REFERENCE_PATH.resolve()
+    monkeypatch.setenv("GDN_FUZZ_KERNEL_MODULE", str(tmp_path / "missing.py"))
+    with pytest.raises(TargetUnavailable, match="is not a file"):
+        resolve_production_path()
+
+
+def test_sm100_variant_reports_why_it_is_unavailable():
+    """The SM100 module ships with FlashInfer >= 0.7.3 (absent here) and needs a B200."""
+    try:
+        t = get_target("sm100")
+    except TargetUnavailable as e:
+        assert "0.7.3" in str(e) and "SM100" in str(e)
+    else:  # installed: it still cannot launch without an SM100 GPU
+        assert t.unavailable_reason("cpu")
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(ValueError, match="neither 'reference', 'production', 'sm100', 'mutant:NAME'"):
+        get_target("nonsense")
+
+
+def test_run_exit_codes_and_records(tmp_path):
+    """`run`: 0 on the reference, 1 on a planted bug (with one corpus entry); --record feeds `report`."""
+    rec, js = tmp_path / "r.jsonl", tmp_path / "r.json"
+    assert cli.main(["run", "--examples", "30", "--arms", "bf16", "--no-corpus", "--no-isolate",
+                     "--property", "launch", "--record", str(rec), "--json", str(js)]) == 0
+    assert len(rec.read_text().splitlines()) >= 30 and json.loads(js.read_text())["findings"] == []
+    assert cli.main(["report", str(rec), "--campaign", str(js), "--out", str(tmp_path / "rep")]) == 0
+    for f in ("report.md", "report.html", "error_by_arm.png", "error_by_P.png", "error_over_campaign.png"):
+        assert (tmp_path / "rep" / f).stat().st_size > 0
+    corpus = tmp_path / "corpus"
+    assert cli.main(["run", "--target", "mutant:fold_skipped", "--examples", "60", "--arms", "bf16",
+                     "--property", "launch", "--no-isolate", "--corpus", str(corpus)]) == 1
+    (entry,) = corpus.glob("*.json")
+    assert cli.main(["replay", str(entry)]) == 0  # an open bug that still fails is the expected outcome
+
+
+def test_doctor_names_every_target(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for name in ("target reference", "target production", "target sm100"):
+        assert name in out
