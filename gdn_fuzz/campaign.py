@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
@@ -83,7 +84,7 @@ class Campaign:
         if self.isolate:
             from .isolation import Worker
 
-            inflight = None if self.corpus_dir is None else __import__("pathlib").Path(self.corpus_dir) / ".inflight"
+            inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight)
 
     def _compiles(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -163,7 +164,7 @@ def cmd_replay(args) -> int:
     from . import corpus
 
     paths = [p for a in (args.entries or [str(corpus.default_dir())]) for p in
-             (corpus.entries(a) if __import__("os").path.isdir(a) else [a])]
+             (corpus.entries(a) if os.path.isdir(a) else [a])]
     t = Table(title="gdn-fuzz replay")
     for col in ("entry", "status", "target", "property", "result", "detail"):
         t.add_column(col, overflow="fold")

@@ -330,28 +330,21 @@ def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Findi
                    "y written in place vs output=None")
     out += _buffers_diff("output_inplace", obs.after, a.after, POOL_KEYS,
                          "buffers after, in-place output vs output=None", owner=_slot_owner(inputs))
-    # non-contiguous (a transposed view): copy path
-    tbuf = output_pattern((B, HV, T, V), io, dev).transpose(1, 2)
-    obs = _run(target, case, device, inputs, output=tbuf)
-    if obs.error is not None:
-        out += _failed("output_inplace", obs, "a launch with a transposed output view")
-    else:
-        if obs.output is not tbuf:
-            out.append(Finding("output_inplace.strided_identity", "M8",
-                               "a non-contiguous output was not the object returned"))
-        out += _y_diff("output_inplace.strided_y_bits", "M8", tbuf, a.output, live,
-                       "y copied into a transposed output view vs output=None")
-    # another dtype: copy path with exact conversion
-    fbuf = torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=dev)
-    obs = _run(target, case, device, inputs, output=fbuf)
-    if obs.error is not None:
-        out += _failed("output_inplace", obs, "a launch with an fp32 output tensor")
-    else:
-        if obs.output is not fbuf:
-            out.append(Finding("output_inplace.converted_identity", "M8",
-                               "an fp32 output was not the object returned"))
-        out += _y_diff("output_inplace.converted_y_bits", "M8", fbuf, a.output.float(), live,
-                       "y copied into an fp32 output vs output=None (the conversion is exact)")
+    # the copy paths: a non-contiguous view, and another dtype (fp32: the conversion is exact)
+    copy_paths = (
+        ("strided", "a transposed output view", output_pattern((B, HV, T, V), io, dev).transpose(1, 2), a.output),
+        ("converted", "an fp32 output tensor",
+         torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=dev), a.output.float()),
+    )
+    for tag, what, buf2, want in copy_paths:
+        obs = _run(target, case, device, inputs, output=buf2)
+        if obs.error is not None:
+            out += _failed("output_inplace", obs, f"a launch with {what}")
+            continue
+        if obs.output is not buf2:
+            out.append(Finding(f"output_inplace.{tag}_identity", "M8", f"{what} was not the object returned"))
+        out += _y_diff(f"output_inplace.{tag}_y_bits", "M8", buf2, want, live,
+                       f"y copied into {what} vs output=None")
     return out
 
 

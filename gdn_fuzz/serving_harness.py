@@ -842,6 +842,25 @@ def _truth_step(S, tok: dict, accepted: int, A_log, dt_bias, scale: float):
     return S_next[0], y[0], y_mag[0]
 
 
+def plan_rows(live: list, plan, T: int) -> list[tuple]:
+    """A drawn step plan [(pick, real tokens, accepted)] -> rows (request id, n, accepted).
+
+    Picks index the live requests cyclically; a request appears once; n is clamped to
+    [1, T] and accepted to [1, n].
+    """
+    rows, seen = [], set()
+    for i, n, a in plan:
+        if not live:
+            break
+        rid = live[i % len(live)]
+        if rid in seen:
+            continue
+        seen.add(rid)
+        n = min(max(n, 1), T)
+        rows.append((rid, n, min(max(a, 1), n)))
+    return rows
+
+
 def run_script(target: Target, geo: ServingGeometry, events: list[tuple], device: str = "cpu", seed: int = 0,
                adapter_cls: type[ServingAdapter] = ServingAdapter, checks=ALL_CHECKS) -> ServingRig:
     """Drive a rig through a list of events; raise HarnessFailure on the first finding.
@@ -873,17 +892,7 @@ def run_script(target: Target, geo: ServingGeometry, events: list[tuple], device
             rig.preempt(rid, blk)
         elif ev[0] == "step":
             _, s, plan = ev
-            seen, rows = set(), []
-            for i, n, a in plan:
-                if not live:
-                    break
-                rid = live[i % len(live)]
-                if rid in seen:
-                    continue
-                seen.add(rid)
-                n = min(max(n, 1), T)
-                rows.append((rid, n, min(max(a, 1), n)))
-            f = rig.step(s, rows)
+            f = rig.step(s, plan_rows(live, plan, T))
             if f:
                 raise HarnessFailure("\n".join([str(x) for x in f] + [rig.describe()]))
     return rig
@@ -965,17 +974,7 @@ def harness_machine(target: Target, arms, device: str = "cpu", *, adapter_cls: t
         @rule(seed=st.integers(0, 2**16 - 1), plan=plan_st)
         def step(self, seed, plan):
             """A model step over a drawn subset / order of the live requests (ragged, accepted)."""
-            live = sorted(self.rig.requests)
-            rows, seen = [], set()
-            for i, n, a in plan:
-                if not live:
-                    break
-                rid = live[i % len(live)]
-                if rid in seen:
-                    continue
-                seen.add(rid)
-                n = min(n, self.rig.geo.T)
-                rows.append((rid, n, min(a, n)))
+            rows = plan_rows(sorted(self.rig.requests), plan, self.rig.geo.T)
             self._run(self.rig.step(seed, rows))
 
         @precondition(lambda self: self.rig is not None and self.rig.requests)
