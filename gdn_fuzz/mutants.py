@@ -294,3 +294,50 @@ register(
            "strides.  Exposed by a pool given as a dim-0 strided view.  Mirrors 'paged pools with a "
            "block stride were read as dense (NaN)'."),
 )
+
+
+# ---- one-line edits of the RELEASED kernel file (base="production"): applied at run time to a
+# temporary copy of the installed flashinfer/gdn_kernels/gdn_decode_bf16_wy_ucache_flush.py
+# (0.7.2.post1); only these edit descriptions live here.  Kernel-body edits JIT-compile on an
+# SM90 GPU; wrapper edits (host Python) change what the wrapper does around the launch.
+register(
+    Mutant("prod_no_local_g_restart", "M6", "oracle.g",
+           "f32(0.0) if P_hist >= flush_min else _gp", "_gp",
+           "kernel: flush rows append G_P + Gamma_s instead of the local Gamma_s (the fold already absorbed "
+           "e^{G_P}).  Exposed by any flush row with P > 0.", base="production"),
+    Mutant("prod_anchor_lane_p", "M3", "oracle.y",
+           "_p_src = P_hist - 1 if P_hist > 0 else Int32(0)", "_p_src = P_hist if P_hist > 0 else Int32(0)",
+           "kernel: the anchor G_P is shuffled from lane P instead of lane P - 1 (an off-by-one in the window "
+           "end).  Exposed by any row with 0 < P.", base="production"),
+    Mutant("prod_fold_no_bdec", "M7", "oracle.fold",
+           "_bdec_v = _exp_approx_f32(_gp) if P_hist > 0 else f32(1.0)", "_bdec_v = f32(1.0)",
+           "kernel: the fold adds the window to the checkpoint without decaying it by e^{G_P}.  Exposed by "
+           "any flush row.", base="production"),
+    Mutant("prod_g_append_restart", "M5", "writes.outside",
+           "(ring_base + P_hist + lane_id) & Int32(RING_MASK),", "(ring_base + lane_id) & Int32(RING_MASK),",
+           "kernel: the g appends land at the window start (base + s) instead of past the window "
+           "(base + P + s): the old restart layout whose 16-slot race the ring removed.  Exposed by any row "
+           "with P > 0.", base="production"),
+    Mutant("prod_beta_no_sigmoid", "M1", "oracle.y",
+           "beta_val = f32(1.0) / (f32(1.0) + _exp_approx_f32(f32(0.0) - b_val))", "beta_val = b_val",
+           "kernel: beta = b instead of sigmoid(b).  Exposed by any row.", base="production"),
+    Mutant("prod_lazy_flush_min", "M7", "writes.outside",
+           "flush_min = W_RING - T + 1  # lazy", "flush_min = W_RING - T  # lazy",
+           "wrapper: the default flush_min is 16 - T instead of 17 - T: rows at P = 16 - T fold one step early "
+           "(their pool slot is written).  Exposed by flush_min=None and a row with P = 16 - T.",
+           base="production"),
+    Mutant("prod_commit_slides_verify", "C2", "commit",
+           "cache_base.copy_((cache_base + hist_len * _flushed) & (RING_SLOTS - 1))",
+           "cache_base.copy_((cache_base + hist_len) & (RING_SLOTS - 1))",
+           "wrapper: the standalone commit slides every row's base by P, verify rows included.  Exposed by "
+           "restart_hist_on_flush=True and a verify row with P > 0.", base="production"),
+    Mutant("prod_commit_pad_exempt", "C2", "commit",
+           "_flushed = hist_len >= flush_min", "_flushed = (hist_len >= flush_min) & (initial_state_indices >= 0)",
+           "wrapper: the standalone commit skips pad rows (C2 commits them like any row).  Exposed by "
+           "restart_hist_on_flush=True and a pad row with P >= flush_min.", base="production"),
+    Mutant("prod_guard_hist_len", "H11", "guard.H11",
+           "assert _hl_min >= 0 and _hl_max <= W_RING, (", "assert _hl_min >= 0 and _hl_max <= RING_SLOTS, (",
+           "wrapper: hist_len is range-checked against the ring (32) instead of the window (16): P = 17 .. 32 "
+           "pass and are silently wrong (1.3).  Exposed by hist_len = 17 with restart_hist_on_flush=True.",
+           base="production"),
+)

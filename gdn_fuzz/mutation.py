@@ -313,6 +313,11 @@ def reference_mutants() -> list[str]:
     return [n for n, m in CATALOGUE.items() if m.base == "reference"]
 
 
+def production_mutants() -> list[str]:
+    """Edits of the released kernel file (GPU only: the launches JIT-compile for SM90)."""
+    return [n for n, m in CATALOGUE.items() if m.base == "production"]
+
+
 def _baseline_isolated(name: str, arms) -> dict:
     """The baseline in a child process (for mutants that kill their process)."""
     code = ("import json, sys\nfrom gdn_fuzz.baseline import run_baseline\nfrom gdn_fuzz.targets import get_target\n"
@@ -424,7 +429,7 @@ def cmd_mutants(args) -> int:
     from rich.table import Table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    names = args.only or reference_mutants()
+    names = args.only or (production_mutants() if args.base == "production" else reference_mutants())
     for n in names:
         get_mutant(n)  # unknown names fail before anything runs
     arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
@@ -477,7 +482,10 @@ def add_parser(subparsers):
     p = subparsers.add_parser("mutants", help="mutation score: run the suite and the example-based baseline "
                                               "against every catalogued mutant")
     p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every reference mutant)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every mutant of --base)")
+    p.add_argument("--base", choices=("reference", "production"), default="reference",
+                   help="which catalogue: edits of the reference target (CPU or GPU) or one-line edits of the "
+                        "released kernel file (an SM90 GPU; use with --device cuda)")
     p.add_argument("--json", help="write the per-mutant results here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")

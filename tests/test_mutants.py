@@ -142,3 +142,67 @@ def test_kill_rate_no_regression(name):
                  shrink=False, stop_on_finding=True)
     c.run(examples=60)
     assert c.findings, f"mutant {name} ({m.clause}) survived {c.stats.examples} examples of property {prop.name}"
+
+
+# ------------------------------------------------------------------ mutants of the released kernel file
+# One-line edits of flashinfer's gdn_decode_bf16_wy_ucache_flush.py (base="production"), applied to a
+# temporary copy at run time.  On the CPU: each edit matches the installed file exactly once and the
+# mutated module imports and fits the contract.  On an SM90 GPU: each is found on a hand-picked Case
+# and the unmodified kernel passes the same Case (non-equivalence, as for the reference mutants).
+PRODUCTION_MUTANTS = [n for n, m in CATALOGUE.items() if m.base == "production" and m.prop != "crash"]
+CASES["lazy12"] = Case(arm="bf16", T=4, H=1, HV=2, pool=2, rows=(Row(1, 12, 3), Row(0, 4, 0)), seed=6)
+PROD_HAND = {
+    "prod_no_local_g_restart": ("wrap", "launch"),  # row 0 flushes with P = 13
+    "prod_anchor_lane_p": ("wrap", "launch"),
+    "prod_fold_no_bdec": ("wrap", "launch"),
+    "prod_g_append_restart": ("wrap", "launch"),  # row 1 (P = 5) appends g inside its window
+    "prod_beta_no_sigmoid": ("wrap", "launch"),
+    "prod_lazy_flush_min": ("lazy12", "launch"),  # flush_min=None, P = 12 = 16 - T folds early
+    "prod_commit_slides_verify": ("wrap", "commit"),
+    "prod_commit_pad_exempt": ("wrap", "commit"),
+    "prod_guard_hist_len": ("wrap", "guards"),
+}
+
+
+def _production_file_or_skip():
+    from gdn_fuzz.targets import TargetUnavailable, resolve_production_path
+
+    try:
+        return resolve_production_path()
+    except TargetUnavailable as e:
+        pytest.skip(f"the released kernel file is not installed here ({e}); install the kernel-cpu extra")
+
+
+def test_production_catalogue_has_a_handful():
+    assert len(PRODUCTION_MUTANTS) >= 5, PRODUCTION_MUTANTS
+    assert set(PRODUCTION_MUTANTS) == set(PROD_HAND), "every production mutant needs a hand-picked case"
+
+
+@pytest.mark.parametrize("name", PRODUCTION_MUTANTS)
+def test_production_mutant_applies_and_imports(name):
+    """The edit matches the installed kernel file exactly once, and the mutated copy imports and fits."""
+    from gdn_fuzz.mutants import apply
+
+    path = _production_file_or_skip()
+    src = path.read_text()
+    out = apply(CATALOGUE[name], src)
+    assert out != src
+    mod = get_target(f"mutant:{name}").module("bf16")
+    assert mod.RING_SLOTS == 32 and mod.W_RING == 16
+
+
+@pytest.mark.parametrize("name", PRODUCTION_MUTANTS)
+def test_production_mutant_is_not_equivalent(name, gdn_selection):
+    """GPU: the mutant's expected property finds it on the hand-picked Case; the released kernel passes it."""
+    gdn_device = gdn_selection[2]
+    if not str(gdn_device).startswith("cuda"):
+        pytest.skip("needs an SM90 GPU (--gdn-device cuda): the released kernel JIT-compiles for SM90 only")
+    _production_file_or_skip()
+    m = CATALOGUE[name]
+    case_key, prop = PROD_HAND[name]
+    case, check = CASES[case_key], _check(prop)
+    found = check(get_target(f"mutant:{name}"), case, gdn_device)
+    assert any(f.prop.startswith(m.prop) for f in found), (
+        f"{name}: expected a {m.prop}* finding from {prop} on case {case_key!r}; got {[str(f) for f in found]}")
+    clean = check(get_target("production"), case, gdn_device)
+    assert clean == [], f"the released kernel fails the hand-picked case {case_key!r}: {[str(f) for f in clean]}"
