@@ -283,6 +283,55 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
     return result
 
 
+def merge_results(results: list[dict]) -> dict:
+    """One result from several runs of the same study split by T and/or by arm (parallel processes).
+
+    Every part must share target, device, tokens, batch, heads, acceptance, regime, seed and
+    record_every: then the teacher-forced inputs, the accept counts and the truth are the same,
+    so the recorded steps of one T agree and the arms' series can sit side by side.  Raises
+    ValueError naming the field that differs.
+    """
+    if not results:
+        raise ValueError("merge_results: no results given")
+    same = ("target", "device", "tokens", "batch", "H", "HV", "accept", "regime", "seed", "record_every")
+    m0 = results[0]["meta"]
+    out = {"meta": dict(m0, arms=[], Ts=[], seconds=0.0, parts=len(results)), "runs": {}}
+    for r in results:
+        m = r["meta"]
+        for key in same:
+            if m.get(key) != m0.get(key):
+                raise ValueError(f"merge_results: meta[{key!r}] differs ({m.get(key)!r} vs {m0.get(key)!r}); "
+                                 "only parts of one study (same options but --T/--arms) can be merged")
+        out["meta"]["seconds"] = max(out["meta"]["seconds"], m.get("seconds", 0.0))  # parts run in parallel
+        out["meta"]["unit_roundoff"] = {**out["meta"].get("unit_roundoff", {}), **m.get("unit_roundoff", {})}
+        out["meta"]["expected_accept"] = {**out["meta"].get("expected_accept", {}), **m.get("expected_accept", {})}
+        for a in m["arms"]:
+            if a not in out["meta"]["arms"]:
+                out["meta"]["arms"].append(a)
+        for T, run in r["runs"].items():
+            if int(T) not in out["meta"]["Ts"]:
+                out["meta"]["Ts"].append(int(T))
+            have = out["runs"].get(T)
+            if have is None:
+                out["runs"][T] = json.loads(json.dumps(run))  # a deep copy
+                continue
+            for key in ("steps", "flush_min", "folds"):
+                if have[key] != run[key]:
+                    raise ValueError(f"merge_results: T={T} runs differ in {key} ({have[key]} vs {run[key]})")
+            if have["series"]["step"] != run["series"]["step"]:
+                raise ValueError(f"merge_results: T={T} runs recorded different steps")
+            for a in run["summary"]:
+                if a in have["summary"]:
+                    raise ValueError(f"merge_results: arm {a!r} appears twice for T={T}")
+                have["summary"][a] = run["summary"][a]
+                have["series"]["arms"][a] = run["series"]["arms"][a]
+            have["launches"] += run["launches"]
+    out["meta"]["Ts"].sort()
+    out["meta"]["arms"] = [a for a in ARM_NAMES if a in out["meta"]["arms"]] + \
+        [a for a in out["meta"]["arms"] if a not in ARM_NAMES]
+    return out
+
+
 def _arm_u(arm) -> float:
     a = get_arm(arm)
     return max(unit_roundoff(d) for d in (a.io, a.pack, a.state, a.ring))
@@ -594,12 +643,32 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--out", default="drift", help="output folder")
+    p.add_argument("--merge", nargs="+", metavar="DRIFT_JSON",
+                   help="do not run: merge the drift.json of parts of one study (split by --T / --arms and run "
+                        "in parallel) into --out")
     p.set_defaults(func=cmd_drift)
     return p
 
 
 def cmd_drift(args) -> int:
     from .targets import TargetUnavailable, get_target
+
+    if args.merge:
+        parts = []
+        for f in args.merge:
+            try:
+                parts.append(json.loads(Path(f).read_text()))
+            except (OSError, ValueError) as e:
+                print(f"--merge {f}: cannot read a drift.json there ({e})")
+                return 2
+        try:
+            res = merge_results(parts)
+        except ValueError as e:
+            print(str(e))
+            return 2
+        paths = write_outputs(res, args.out)
+        print(f"merged {len(parts)} parts; written: {', '.join(str(p) for p in paths.values())}")
+        return 0
 
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"

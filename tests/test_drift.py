@@ -162,3 +162,24 @@ def test_cli_subcommand(tmp_path):
         assert (tmp_path / name).is_file()
     data = json.loads((tmp_path / "drift.json").read_text())
     assert data["meta"]["regime"] == "realistic" and "ASSUMED" in data["meta"]["regime_fields"]
+
+
+def test_merge_of_parallel_parts_equals_one_run(tmp_path):
+    """A study split by T and by arm (parallel processes on a GPU host) merges into the joint run."""
+    from gdn_fuzz.drift import merge_results
+
+    cfg = dict(CFG, tokens=96)
+    joint = run_drift("reference", ARMS, **cfg)
+    parts = [run_drift("reference", (arm,), **dict(cfg, Ts=(T,))) for T in (4, 8) for arm in reversed(ARMS)]
+    merged = merge_results(parts)
+    assert merged["meta"]["arms"] == list(ARMS) and merged["meta"]["Ts"] == [4, 8]
+    for T in ("4", "8"):
+        a, b = joint["runs"][T], merged["runs"][T]
+        assert a["series"] == b["series"] and a["summary"] == b["summary"]
+        assert a["launches"] == b["launches"] and a["folds"] == b["folds"]
+    write_outputs(merged, tmp_path)
+    other = run_drift("reference", ("bf16",), **dict(cfg, Ts=(4,), seed=1))
+    with pytest.raises(ValueError, match="seed"):
+        merge_results([parts[0], other])
+    with pytest.raises(ValueError, match="twice"):
+        merge_results([parts[0], parts[0]])
