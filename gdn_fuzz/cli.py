@@ -61,6 +61,15 @@ def cmd_run(args) -> int:
     from .properties import REGISTRY, get_property
     from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
+    if args.gpus:
+        from . import corpus
+        from .multigpu import run_on_gpus
+
+        try:
+            return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
+        except ValueError as e:
+            console.print(f"[red]{e}[/red]")
+            return 2
     got = _target_device_arms(args)
     if got is None:
         return 2
@@ -111,6 +120,7 @@ def cmd_run(args) -> int:
     if args.json:
         rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
+                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings])
                              for f in camp.findings.values()])
@@ -253,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")
     r.add_argument("--no-isolate", action="store_true", help="launch in this process (no crash isolation)")
     r.add_argument("--record", help="append one JSON line per example here (input of `gdn-fuzz report`)")
+    r.add_argument("--gpus", help="one campaign process per GPU: '0,1' or 'all' (CUDA_VISIBLE_DEVICES per worker, "
+                                  "seed + worker index, one shared corpus; --json gets the merged record)")
     r.set_defaults(func=cmd_run)
     p = sub.add_parser("precision", help="steer generation toward the largest error vs the oracle (tolerance evidence)")
     p.add_argument("--targets", nargs="+", default=["reference"])
