@@ -235,14 +235,16 @@ def _rel(err, ref):
 def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TOKENS, batch: int = 4,
               accept: str = "mtp", regime: str = "normal", seed: int = 0, device: str = "cpu",
               record_every: int = 1, *, heads: tuple[int, int] | None = None, flush_min: int | None = None,
-              progress=None) -> dict:
+              progress=None, seconds: float | None = None) -> dict:
     """Teacher-forced long-horizon drift of every arm against one float64 truth (module doc).
 
     target: a Target or a name for targets.get_target.  heads: (H, HV), default (16, 64)
     (Qwen3.5 geometry, contract section 7) on CUDA and (2, 4) on the CPU.  flush_min: default
     the lazy rule 17 - T.  record_every: record every k-th step (and the last one); the
     rebuild and error measurement run only on recorded steps.  progress: optional callable
-    (T, arm-independent step, committed tokens) for a progress display.
+    (T, arm-independent step, committed tokens) for a progress display.  seconds: a wall-clock
+    budget for the whole call; a T whose run reaches it stops early and says so (truncated,
+    tokens_reached), so a long study on a time-limited machine still returns its data.
     Returns a JSON-ready dict (see write_outputs).
     """
     from .targets import get_target
@@ -275,10 +277,11 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
                      unit_roundoff={a: _arm_u(a) for a in arms}),
         "runs": {},
     }
+    deadline = None if seconds is None else t_start + seconds
     for T in Ts:
         fmin = flush_min if flush_min is not None else W_RING - T + 1
         result["runs"][str(T)] = _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every,
-                                        fmin, scale, progress)
+                                        fmin, scale, progress, deadline)
     result["meta"]["seconds"] = time.time() - t_start
     return result
 
@@ -337,7 +340,8 @@ def _arm_u(arm) -> float:
     return max(unit_roundoff(d) for d in (a.io, a.pack, a.state, a.ring))
 
 
-def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every, fmin, scale, progress):
+def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every, fmin, scale, progress,
+           deadline=None):
     gen0 = torch.Generator().manual_seed(_seed(seed, T, 0xA11))
     A_log, dt_bias = (_bf(x) for x in _params(reg, gen0, HV))
     state_scale = reg.state_scale if reg is not None else 0.1
@@ -377,7 +381,11 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
     folds_acc = 0  # folds since the last recorded step
     step = 0
     idx_all = torch.arange(B)
+    truncated = False
     while bool((committed < tokens).any()):
+        if deadline is not None and time.time() > deadline and series["step"]:
+            truncated = True
+            break
         live = committed < tokens
         acc = torch.tensor(draw_accepts(rnd, kind, p, T, B), dtype=torch.long)
         acc = torch.minimum(acc, (tokens - committed).clamp_min(0))
@@ -473,7 +481,8 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
             fit=growth_fit(series["tokens"], ser["state_max"], tokens),
             jumps=_jump_stats(jumps[arm]),
         )
-    return dict(T=T, flush_min=fmin, steps=step, launches=total_launches, folds=total_folds,
+    return dict(T=T, flush_min=fmin, steps=step, launches=total_launches, folds=total_folds, truncated=truncated,
+                tokens_reached=series["tokens_min"][-1],
                 inputs_inexact_fp16=inexact, summary=summary, series=series)
 
 
@@ -576,6 +585,9 @@ def summary_markdown(result: dict) -> str:
     for T, run in result["runs"].items():
         md += [f"## T = {T} (flush_min {run['flush_min']}): {run['steps']} steps, {run['launches']} launches, "
                f"{run['folds']} folds", ""]
+        if run.get("truncated"):
+            md += [f"**Truncated** by the --seconds budget: every request reached {run['tokens_reached']} of "
+                   f"{m['tokens']} tokens.", ""]
         if run.get("inputs_inexact_fp16"):
             md.append(f"Note: {run['inputs_inexact_fp16']} bf16 elements (initial checkpoint, sampled inputs) are not "
                       "exact in fp16 (tiny values in fp16's subnormal range); the fp16-STATE / fp16-IO arms start from "
@@ -642,6 +654,7 @@ def add_parser(subparsers):
     p.add_argument("--record-every", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--seconds", type=float, help="wall-clock budget: stop early (marked truncated) when spent")
     p.add_argument("--out", default="drift", help="output folder")
     p.add_argument("--merge", nargs="+", metavar="DRIFT_JSON",
                    help="do not run: merge the drift.json of parts of one study (split by --T / --arms and run "
@@ -693,7 +706,7 @@ def cmd_drift(args) -> int:
             print(f"  T={T} step {step}: {tok:.0f} / {args.tokens} tokens", flush=True)
 
     res = run_drift(target, arms, tuple(args.T), args.tokens, args.batch, args.accept, args.regime, args.seed,
-                    args.device, args.record_every, heads=heads, progress=progress)
+                    args.device, args.record_every, heads=heads, progress=progress, seconds=args.seconds)
     paths = write_outputs(res, args.out)
     for T, run in res["runs"].items():
         for arm, s in run["summary"].items():

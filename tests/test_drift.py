@@ -183,3 +183,11 @@ def test_merge_of_parallel_parts_equals_one_run(tmp_path):
         merge_results([parts[0], other])
     with pytest.raises(ValueError, match="twice"):
         merge_results([parts[0], parts[0]])
+
+
+def test_seconds_budget_truncates_and_says_so(tmp_path):
+    """--seconds stops a run early with its data and marks it truncated (time-limited GPU calls)."""
+    res = run_drift("reference", ("bf16",), **dict(CFG, Ts=(4,), tokens=100000, seconds=2.0))
+    run = res["runs"]["4"]
+    assert run["truncated"] and 0 < run["tokens_reached"] < 100000 and run["series"]["step"]
+    assert "Truncated" in write_outputs(res, tmp_path)["md"].read_text()
