@@ -284,11 +284,12 @@ def test_harness_machine_finds_planted(name):
 # ------------------------------------------------------------------ CUDA graphs (GPU only)
 
 
-def test_cuda_graph_replay_equals_eager(target_under_test):
+@pytest.mark.parametrize("T", [4, 8])
+def test_cuda_graph_replay_equals_eager(target_under_test, T):
     """CUDA-graph safety: capture the L launches once, replay them over steps with changing
     inputs, cursors, pad rows (occupancy) and acceptance; every buffer and every gathered
-    output must equal an eager adapter's bitwise.  Needs CUDA and a target without host
-    syncs inside the launch (production); never validated on the CPU machine it was written on."""
+    output must equal an eager adapter's bitwise.  Every selected arm, T = 4 and 8.  Needs CUDA
+    and a target without host syncs inside the launch (production)."""
     target, arms, device = target_under_test
     if not (torch.cuda.is_available() and str(device).startswith("cuda")):
         pytest.skip("CUDA graphs need a CUDA device; this graph-capture path has not been validated "
@@ -296,36 +297,40 @@ def test_cuda_graph_replay_equals_eager(target_under_test):
     if target.name == "reference":
         pytest.skip("the reference target syncs with the host inside a launch (bool(flush.any())), so it "
                     "cannot be captured; run with --gdn-target production")
-    geo = ServingGeometry(arm=arms[0], T=4, H=1, HV=2, layers=2, flush_min=5)
-    eager = ServingAdapter(target, geo, device, 0)
-    graph = GraphedServingAdapter(target, geo, device, 0)
-    gen = torch.Generator().manual_seed(1)
     from gdn_fuzz.case import draw_tokens
     from gdn_fuzz.serving_harness import Packed, Sched
-    for blk in (1, 2, 3):
-        for ad in (eager, graph):
-            ad.assign(blk, blk)
-    for step in range(8):
-        live = [b for b in (1, 2, 3) if (step + b) % 4]  # occupancy changes: pad rows come and go
-        n = [1 + (step + b) % 4 for b in live]
-        acc = torch.tensor([1 + (step * b) % x for b, x in zip(live, n)], dtype=torch.int32)
-        qsl = torch.zeros(len(live) + 1, dtype=torch.long)
-        qsl[1:] = torch.cumsum(torch.tensor(n), 0)
-        acts = []
-        for _ in range(geo.layers):
-            q, k, v, _, _, a, b = draw_tokens(geo.regime, gen, len(live), 4, 1, 2, 128, 128)
-            pk = [torch.cat([x[i, :m] for i, m in enumerate(n)]).to(eager.arm.io).to(device) for x in (q, k, v, a, b)]
-            acts.append(Packed(*pk))
-        rows = [Sched(b, b) for b in live]
-        out_e = eager.step(rows, acts, qsl, acc)
-        out_g = graph.step(rows, acts, qsl, acc)
-        for x, y in zip(out_e, out_g):
-            assert torch.equal(x.view(torch.int16), y.view(torch.int16)), f"step {step}: outputs differ"
-        for name in ("pool", "k_cache", "u_cache", "g_cache"):
-            for x, y in zip(getattr(eager, name), getattr(graph, name)):
-                assert torch.equal(x, y), f"step {step}: {name} differs"
-        assert torch.equal(eager.blk_hist, graph.blk_hist) and torch.equal(eager.blk_base, graph.blk_base)
-    assert graph.replays == 8 and graph.graph is not None
+
+    for arm in arms:
+        # flush_min 5 (< 17 - T): rows fold every few steps, so replays cross folds and commits
+        geo = ServingGeometry(arm=arm, T=T, H=1, HV=2, layers=2, flush_min=5)
+        eager = ServingAdapter(target, geo, device, 0)
+        graph = GraphedServingAdapter(target, geo, device, 0)
+        gen = torch.Generator().manual_seed(1)
+        for blk in (1, 2, 3):
+            for ad in (eager, graph):
+                ad.assign(blk, blk)
+        for step in range(8):
+            live = [b for b in (1, 2, 3) if (step + b) % 4]  # occupancy changes: pad rows come and go
+            n = [1 + (step + b) % T for b in live]  # ragged rows: 1..T real tokens
+            acc = torch.tensor([1 + (step * b) % x for b, x in zip(live, n)], dtype=torch.int32)
+            qsl = torch.zeros(len(live) + 1, dtype=torch.long)
+            qsl[1:] = torch.cumsum(torch.tensor(n), 0)
+            acts = []
+            for _ in range(geo.layers):
+                q, k, v, _, _, a, b = draw_tokens(geo.regime, gen, len(live), T, 1, 2, 128, 128)
+                pk = [torch.cat([x[i, :m] for i, m in enumerate(n)]).to(eager.arm.io).to(device)
+                      for x in (q, k, v, a, b)]
+                acts.append(Packed(*pk))
+            rows = [Sched(b, b) for b in live]
+            out_e = eager.step(rows, acts, qsl, acc)
+            out_g = graph.step(rows, acts, qsl, acc)
+            for x, y in zip(out_e, out_g):
+                assert torch.equal(x.view(torch.int16), y.view(torch.int16)), f"{arm} T={T} step {step}: outputs differ"
+            for name in ("pool", "k_cache", "u_cache", "g_cache"):
+                for x, y in zip(getattr(eager, name), getattr(graph, name)):
+                    assert torch.equal(x, y), f"{arm} T={T} step {step}: {name} differs"
+            assert torch.equal(eager.blk_hist, graph.blk_hist) and torch.equal(eager.blk_base, graph.blk_base)
+        assert graph.replays == 8 and graph.graph is not None
 
 
 def test_graphed_adapter_refuses_cpu():
