@@ -3,6 +3,7 @@
   gdn-fuzz run [--target NAME|PATH] [--arms ...] [--T 4 8] [--device D] [--seconds S | --examples N]
   gdn-fuzz mutants [--budget S] [--only NAME ...] [--json PATH] [--seed N]
   gdn-fuzz drift [--tokens N] [--arms ...] [--T 4 8] [--accept mtp|all|one] [--out DIR]
+  gdn-fuzz triton [--kernels triton|interpret|model] [--T 4 8] [--cfgs ...] [--diff] [--json PATH]
   gdn-fuzz replay | report | precision | unguarded | doctor
 """
 
@@ -303,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .drift import add_parser as add_drift_parser
 
     add_drift_parser(sub)
+    from .triton_diff import add_parser as add_triton_parser  # the SGLang Triton baseline (issue 9)
+
+    add_triton_parser(sub)
     return ap
 
 
