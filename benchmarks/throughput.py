@@ -1,26 +1,50 @@
 """Checked launches per second, and the framework's overhead over the bare launch.
 
-For each arm, T and batch size B (all rows real, permuted slots, cursors drawn legal), on
-one geometry, after a warm-up launch per shape (JIT compiles are paid there and reported
-apart):
+Two modes (issue 10).
 
-  bare      target.launch on ready inputs (the wrapper + kernel; inputs cloned outside the
-            timed region), synchronized
-  oracle    the float64 launch expectation alone (gdn_fuzz.checks.expectation)
-  checked   the whole per-example pipeline: materialize from the seed, snapshot, launch,
-            oracle, tolerance and write-set checks (gdn_fuzz.checks.check_launch)
+Per-shape table (default).  For each arm, T and batch size B (all rows real, permuted
+slots, cursors drawn legal), on one geometry, after a warm-up launch per shape (JIT
+compiles are paid there and reported apart):
 
-overhead = checked / bare.  Prints a table and writes JSON.
+  bare         target.launch on ready inputs (the wrapper + kernel; inputs cloned outside
+               the timed region), synchronized
+  materialize  the Case's tensors from its seed (gdn_fuzz.case.materialize)
+  oracle       the float64 launch expectation alone (gdn_fuzz.checks.expectation)
+  checked      the whole per-example pipeline: materialize from the seed, snapshot, launch,
+               oracle, tolerance and write-set checks (gdn_fuzz.checks.check_launch)
+
+overhead = checked / bare.  Prints a table and writes JSON (rewritten after every row, so
+a run cut short keeps what it measured).
+
+Campaign throughput (--campaign SECONDS).  A gdn_fuzz.campaign.Campaign of the `launch`
+property (Hypothesis-drawn Cases from strategies/_cases.py, every arm, T in {4, 8}, the
+target's default fuzz geometries and buckets, no crash isolation, no corpus) first runs
+warm_up() -- one launch per (arm, T, geometry, bucket), every JIT compile paid there --
+then fuzzes for SECONDS: checked launches in SECONDS of campaign time, compiles during the
+measured time reported apart from the warm-up's.
+
+--draws device   Cases draw their bulk tensors (pool, rings, history) on the device
+                 (Case.draws); the default "cpu" draws everything on the CPU generator
+                 (device-independent bits, but a large geometry's pool is a big CPU draw).
+--profile [cprofile|torch]
+                 after the measurement, one more pass under the profiler (one checked
+                 launch per shape, or --profile-seconds of campaign) and print where the
+                 time goes: cProfile's top entries by own and cumulative time, or
+                 torch.profiler's operator table (CPU and CUDA time).
 
     python benchmarks/throughput.py --target reference --device cpu --H 1 --HV 2 --json out.json
-    python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64   # on an H200
+    python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device
+    python benchmarks/throughput.py --target production --device cuda --campaign 30 --draws device
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import platform
+import pstats
 import random
 import statistics
 import time
@@ -38,12 +62,12 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _case(arm, T, B, H, HV, seed):
+def _case(arm, T, B, H, HV, seed, draws="cpu"):
     rng = random.Random(seed)
     slots = list(range(B))
     rng.shuffle(slots)
     rows = tuple(Row(s, rng.randint(0, 16), rng.randint(0, 31)) for s in slots)
-    return Case(arm=arm, T=T, H=H, HV=HV, pool=B, rows=rows, seed=seed)
+    return Case(arm=arm, T=T, H=H, HV=HV, pool=B, rows=rows, seed=seed, draws=draws)
 
 
 def _time(fn, reps, device):
@@ -57,8 +81,8 @@ def _time(fn, reps, device):
     return statistics.median(out)
 
 
-def bench(target, arm, T, B, H, HV, device, reps):
-    case = _case(arm, T, B, H, HV, seed=B * 10 + T)
+def bench(target, arm, T, B, H, HV, device, reps, draws="cpu"):
+    case = _case(arm, T, B, H, HV, seed=B * 10 + T, draws=draws)
     compiles0 = target.compile_count(arm)
     t0 = time.perf_counter()
     observe(target, case, device)  # warm-up: JIT for this (arm, T, bucket, geometry)
@@ -68,12 +92,156 @@ def bench(target, arm, T, B, H, HV, device, reps):
     clones = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in base.items()} for _ in range(reps)]
     it = iter(clones)
     bare = _time(lambda: target.launch(arm, **next(it)), reps, device)
+    del clones, it
+    mat = _time(lambda: materialize(case, device), reps, device)
     obs = observe(target, case, device)
     oracle = _time(lambda: expectation(obs), reps, device)
+    del obs
     checked = _time(lambda: check_launch(target, case, device), reps, device)
-    return dict(arm=arm, T=T, B=B, H=H, HV=HV, warmup_s=warm, compiles=target.compile_count(arm) - compiles0,
-                bare_ms=bare * 1e3, oracle_ms=oracle * 1e3, checked_ms=checked * 1e3,
+    return dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, warmup_s=warm,
+                compiles=target.compile_count(arm) - compiles0,
+                bare_ms=bare * 1e3, materialize_ms=mat * 1e3, oracle_ms=oracle * 1e3, checked_ms=checked * 1e3,
                 checked_per_s=1.0 / checked, overhead=checked / bare)
+
+
+class _Profiler:
+    """cProfile or torch.profiler around a block; report() prints the top entries."""
+
+    def __init__(self, kind, device, top=30):
+        self.kind, self.device, self.top = kind, device, top
+
+    def __enter__(self):
+        if self.kind == "torch":
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if str(self.device).startswith("cuda"):
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.p = torch.profiler.profile(activities=acts)
+            self.p.__enter__()
+        else:
+            self.p = cProfile.Profile()
+            self.p.enable()
+        return self
+
+    def __exit__(self, *exc):
+        if self.kind == "torch":
+            _sync(self.device)
+            self.p.__exit__(*exc)
+        else:
+            self.p.disable()
+
+    def report(self) -> str:
+        if self.kind == "torch":
+            ka = self.p.key_averages()
+            cuda = str(self.device).startswith("cuda")
+            out = [ka.table(sort_by="self_cpu_time_total", row_limit=self.top)]
+            if cuda:
+                out.append(ka.table(sort_by="self_cuda_time_total", row_limit=self.top))
+            return "\n".join(out)
+        buf = io.StringIO()
+        st = pstats.Stats(self.p, stream=buf).strip_dirs()
+        buf.write("---- cProfile: top by own time\n")
+        st.sort_stats("tottime").print_stats(self.top)
+        buf.write("---- cProfile: top by cumulative time\n")
+        st.sort_stats("cumulative").print_stats(self.top)
+        return buf.getvalue()
+
+
+def _meta(args, target):
+    return dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=str(target), device=args.device,
+                torch=torch.__version__, python=platform.python_version(), host_threads=torch.get_num_threads(),
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, reps=args.reps,
+                draws=args.draws)
+
+
+def run_table(args, target):
+    rows = []
+    print(f"{'arm':20s} {'T':>2s} {'B':>4s} {'bare ms':>9s} {'mat. ms':>9s} {'oracle ms':>10s} {'checked ms':>11s} "
+          f"{'checked/s':>10s} {'overhead':>9s} {'warm-up s':>9s} {'JIT':>3s}")
+    t_start = time.monotonic()
+    for arm in args.arms:
+        for T in args.T:
+            for B in args.B:
+                if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
+                    print(f"(stopped: --max-seconds {args.max_seconds} spent)")
+                    return rows
+                r = bench(target, arm, T, B, args.H, args.HV, args.device, args.reps, args.draws)
+                rows.append(r)
+                print(f"{arm:20s} {T:2d} {B:4d} {r['bare_ms']:9.2f} {r['materialize_ms']:9.2f} {r['oracle_ms']:10.2f} "
+                      f"{r['checked_ms']:11.2f} {r['checked_per_s']:10.1f} {r['overhead']:8.1f}x {r['warmup_s']:9.2f} "
+                      f"{r['compiles']:3d}", flush=True)
+                if args.json:
+                    with open(args.json, "w") as fh:
+                        json.dump(dict(meta=_meta(args, target), rows=rows), fh, indent=1)
+    if args.profile:
+        with _Profiler(args.profile, args.device) as prof:
+            for arm in args.arms:
+                for T in args.T:
+                    for B in args.B:
+                        check_launch(target, _case(arm, T, B, args.H, args.HV, seed=B * 10 + T + 1, draws=args.draws),
+                                     args.device)
+        print(f"==== profile: one checked launch per shape ({args.profile})")
+        print(prof.report())
+    return rows
+
+
+def run_campaign(args, target):
+    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import BUCKETS, geometries_for
+
+    geoms = geometries_for(target) if not args.geometries else tuple(
+        tuple(int(x) for x in g.split("x")) for g in args.geometries)
+    buckets = tuple(args.buckets or BUCKETS)
+
+    def make(seed, draws=args.draws):
+        return Campaign(target=target, device=args.device, properties=[get_property("launch")], arms=tuple(args.arms),
+                        Ts=tuple(args.T), geometries=geoms, buckets=buckets, seed=seed, isolate=False,
+                        corpus_dir=None, draws=draws)
+
+    camp = make(args.seed)
+    print(f"campaign: target={target} device={args.device} arms={','.join(args.arms)} T={args.T} "
+          f"geometries={geoms} buckets={buckets} draws={args.draws}", flush=True)
+    camp.warm_up()
+    s = camp.stats
+    print(f"warm-up: {s.warmup_s:.1f}s, {s.warmup_compiles} JIT compiles "
+          f"({len(args.arms) * len(args.T) * len(geoms) * len(buckets)} shapes)", flush=True)
+    if args.json:  # kept if the measured run is cut short
+        with open(args.json, "w") as fh:
+            json.dump(dict(meta=_meta(args, target), warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles), fh)
+    camp.run(seconds=args.campaign)
+    _sync(args.device)
+    rec = dict(meta=_meta(args, target), geometries=[list(g) for g in geoms], buckets=list(buckets),
+               seconds=s.elapsed, examples=s.examples, launches=s.launches, launches_per_s=s.launches / s.elapsed,
+               rounds=s.rounds, compiles_measured=s.compiles, warmup_s=s.warmup_s,
+               warmup_compiles=s.warmup_compiles, findings=[str(f) for cf in camp.findings.values()
+                                                            for f in cf.findings])
+    print(f"campaign: {s.launches} checked launches in {s.elapsed:.1f}s of campaign time "
+          f"({rec['launches_per_s']:.1f}/s; {s.launches * 30 / s.elapsed:.0f} per 30 s), {s.rounds} rounds, "
+          f"{s.compiles} JIT compiles during the measured time, {len(camp.findings)} distinct findings", flush=True)
+    for f in rec["findings"]:
+        print("  finding:", f)
+    if args.compare_draws:  # same process: every shape is compiled already
+        other = "cpu" if args.draws == "device" else "device"
+        c2 = make(args.seed + 2, other)
+        c2.stats.started = time.monotonic()
+        c2.run(seconds=args.compare_draws)
+        s2 = c2.stats
+        rec["compare"] = dict(draws=other, seconds=s2.elapsed, launches=s2.launches,
+                              launches_per_s=s2.launches / s2.elapsed, compiles_measured=s2.compiles)
+        print(f"campaign with draws={other}: {s2.launches} checked launches in {s2.elapsed:.1f}s "
+              f"({s2.launches / s2.elapsed:.1f}/s), {s2.compiles} JIT compiles", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rec, fh, indent=1)
+    if args.profile:
+        prof_camp = make(args.seed + 1)
+        prof_camp.stats.started = time.monotonic()
+        with _Profiler(args.profile, args.device) as prof:
+            prof_camp.run(seconds=args.profile_seconds)
+        print(f"==== profile: {prof_camp.stats.launches} launches in {args.profile_seconds:g}s of campaign "
+              f"({args.profile})")
+        print(prof.report())
+    return rec
 
 
 def main(argv=None):
@@ -86,25 +254,27 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--HV", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--draws", choices=("cpu", "device"), default="cpu",
+                    help="Case.draws: where the bulk random tensors are drawn (default cpu: device-independent bits)")
+    ap.add_argument("--max-seconds", type=float, help="table mode: stop starting new shapes after this long")
+    ap.add_argument("--campaign", type=float, metavar="SECONDS", help="campaign-throughput mode for SECONDS")
+    ap.add_argument("--geometries", nargs="+", help="campaign mode: HxHV list (default: the target's fuzz menu)")
+    ap.add_argument("--buckets", nargs="+", type=int, help="campaign mode: batch buckets (default 4 8)")
+    ap.add_argument("--seed", type=int, default=0, help="campaign mode: campaign seed")
+    ap.add_argument("--compare-draws", type=float, metavar="SECONDS",
+                    help="campaign mode: then run the other draws mode for SECONDS (same process, no new JIT)")
+    ap.add_argument("--profile", nargs="?", const="cprofile", choices=("cprofile", "torch"),
+                    help="after measuring, profile one more pass and print where the time goes")
+    ap.add_argument("--profile-seconds", type=float, default=5.0, help="campaign mode: seconds profiled")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = get_target(args.target)
-    rows = []
-    print(f"{'arm':22s} {'T':>2s} {'B':>4s} {'bare ms':>9s} {'oracle ms':>10s} {'checked ms':>11s} "
-          f"{'checked/s':>10s} {'overhead':>9s} {'warm-up s':>9s}")
-    for arm in args.arms:
-        for T in args.T:
-            for B in args.B:
-                r = bench(target, arm, T, B, args.H, args.HV, args.device, args.reps)
-                rows.append(r)
-                print(f"{arm:22s} {T:2d} {B:4d} {r['bare_ms']:9.2f} {r['oracle_ms']:10.2f} {r['checked_ms']:11.2f} "
-                      f"{r['checked_per_s']:10.1f} {r['overhead']:8.1f}x {r['warmup_s']:9.2f}", flush=True)
-    if args.json:
-        meta = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=str(target), device=args.device,
-                    torch=torch.__version__, python=platform.python_version(),
-                    gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, reps=args.reps)
-        with open(args.json, "w") as fh:
-            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    for a in args.arms:
+        target.module(a)  # import every arm first: a module that does not fit fails here
+    if args.campaign:
+        run_campaign(args, target)
+    else:
+        run_table(args, target)
 
 
 if __name__ == "__main__":

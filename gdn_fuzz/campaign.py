@@ -4,18 +4,26 @@ Each round is one Hypothesis run of `round_examples` examples per property with 
 seed (derived from the campaign seed), so a budget can stop the campaign between rounds
 and every failure is shrunk by Hypothesis before it is recorded.  Findings are
 deduplicated by (property, clause, finding kind); the shrunk Case of each is kept.
+
+warm_up() (optional, before run()) launches one legal Case per (arm, T, geometry, bucket)
+so that every JIT compile is paid outside the measured time; it restarts the clock and
+reports its own seconds and compiles (stats.warmup_s, stats.warmup_compiles).
+draws="device" makes every drawn Case draw its bulk tensors on the device (Case.draws:
+fast on a GPU, bits device-dependent); the default "cpu" keeps device-independent bits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
-from .case import Case
+from .case import Case, Row
 from .checks import Finding
 from .properties import Property
 from .targets import Target
@@ -47,6 +55,8 @@ class CampaignStats:
     launches: int = 0
     rounds: int = 0
     compiles: int = 0
+    warmup_s: float = 0.0  # warm_up(): outside `elapsed`
+    warmup_compiles: int = 0
     started: float = field(default_factory=time.monotonic)
     events: dict = field(default_factory=dict)
 
@@ -75,6 +85,7 @@ class Campaign:
     corpus_dir: object = None  # write every finding here (gdn_fuzz.corpus); None: do not write
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
+    draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # key -> CampaignFinding
 
@@ -92,6 +103,29 @@ class Campaign:
             return self._worker.compiles
         return sum(self.target.compile_count(a) for a in self.arms)
 
+    def warm_up(self) -> "Campaign":
+        """One launch per (arm, T, geometry, bucket): pays every JIT compile before run()'s clock.
+
+        The launches are legal Cases (all rows real, each on its own slot, no window) checked
+        by the `launch` property; their findings are not recorded (the campaign finds them).
+        """
+        from .properties import get_property
+
+        prop = get_property("launch")
+        t0, c0 = time.monotonic(), self._compiles()
+        rng = random.Random(self.seed)
+        for arm in self.arms:
+            for T in self.Ts:
+                for H, HV in self.geometries:
+                    for bucket in self.buckets:
+                        rows = tuple(Row(s, 0, rng.randrange(32)) for s in range(bucket))
+                        self._check(prop, Case(arm=arm, T=T, H=H, HV=HV, pool=bucket, rows=rows,
+                                               seed=rng.randrange(2**32), draws=self.draws))
+        self.stats.warmup_s += time.monotonic() - t0
+        self.stats.warmup_compiles += self._compiles() - c0
+        self.stats.started = time.monotonic()
+        return self
+
     def _check(self, prop: Property, case: Case):
         if self._worker is not None:
             return self._worker.check(prop.name, case)
@@ -107,6 +141,8 @@ class Campaign:
 
     def _round(self, prop: Property, round_seed: int, on_example) -> CampaignFinding | None:
         strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
+        if self.draws != "cpu":
+            strat = strat.map(lambda c: dataclasses.replace(c, draws=self.draws))
         last: dict = {}
         phases = (Phase.generate, Phase.target, Phase.shrink) if self.shrink else (Phase.generate,)
 

@@ -4,6 +4,11 @@ Hypothesis draws the structure (geometry, arm, rows, cursors, flush_min, value r
 seed); `materialize` turns it into tensors with a seeded torch generator on the CPU and
 moves them to the target's device, so the same Case gives the same bits everywhere.
 A Case is what a failure prints, what the corpus stores and what `gdn-fuzz replay` re-runs.
+
+Speed (issue 10): the random draws stay on the CPU generator, but the float64 history
+recurrence that fills consistent windows runs on the target's device (see `materialize`).
+Cases with draws="device" (opt-in, e.g. `gdn-fuzz run --device-draws`) draw their bulk
+tensors on the device instead; their bits are then device-dependent (see Case.draws).
 """
 
 from __future__ import annotations
@@ -84,6 +89,13 @@ class Case:
     K: int = 128
     V: int = 128
     version: int = CASE_VERSION
+    # "cpu" (default, every stored case): all values from one seeded CPU generator, the same
+    # bits on every device.  "device": the bulk tensors (pool, rings, history tokens) from a
+    # generator on the target's device, seeded with `seed`; the token inputs and gates still
+    # come from the CPU generator.  Fast on a GPU (no large CPU draw or host-to-device copy),
+    # but the bits depend on the device type (and torch's generator implementation), so such
+    # a case reproduces on the same kind of device only.  Left out of to_dict() when "cpu".
+    draws: str = "cpu"
 
     @property
     def B(self) -> int:
@@ -104,7 +116,10 @@ class Case:
         return "flush" if r.hist_len >= self.fmin else "verify"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["draws"] == "cpu":  # stored cases keep their exact JSON
+            del d["draws"]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -123,7 +138,8 @@ class Case:
         """A few readable lines: geometry, arm, and one line per row."""
         lines = [f"Case(arm={self.arm}, T={self.T}, H={self.H}, HV={self.HV}, K={self.K}, V={self.V}, "
                  f"B={self.B}, pool={self.pool}, flush_min={self.fmin}, "
-                 f"restart_hist_on_flush={self.restart_hist_on_flush}, seed={self.seed})",
+                 f"restart_hist_on_flush={self.restart_hist_on_flush}, seed={self.seed}"
+                 + ("" if self.draws == "cpu" else f", draws={self.draws}") + ")",
                  f"  regime: {self.regime}"]
         for i, r in enumerate(self.rows):
             lines.append(f"  row {i}: slot={r.slot:>3} P={r.hist_len:>2} base={r.cache_base:>2}  {self.row_kind(r)}")
@@ -164,7 +180,7 @@ def _beta_logits(regime: Regime, gen, shape):
 
 
 def _keys(regime: Regime, gen, shape):
-    k = torch.randn(shape, generator=gen)
+    k = torch.randn(shape, generator=gen, device=gen.device)
     if regime.keys == "near_dup":  # every token's key within 1e-3 of token 0's
         k = k[:, :1] + 1e-3 * k
     elif regime.keys == "zero_norm":  # tokens 1 and T-1 carry all-zero keys
@@ -188,104 +204,145 @@ def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: in
     return q, k, v, A_log, dt_bias, a, b
 
 
-def materialize(case: Case, device: str | torch.device = "cpu") -> dict:
+DRAWS = ("cpu", "device")
+
+
+def materialize(case: Case, device: str | torch.device = "cpu", *,
+                history_device: str | torch.device | None = None) -> dict:
     """The keyword arguments of one entry-point call, generated from case.seed.
 
-    Values are generated on the CPU (same bits on every device), rounded to the arm's
-    dtypes, then moved to `device`.  Slots of the pool that no row uses, and ring slots
-    outside every window, hold random values (or NaN with regime.poison).
+    Values come from a generator seeded with case.seed, in a fixed draw order (corpus
+    entries rely on it): one CPU generator for everything (case.draws == "cpu", the
+    default: the same bits on every device), or for case.draws == "device" the bulk
+    tensors (pool, rings, history tokens) from a generator on `device` (see Case.draws).
+    They are rounded to the arm's dtypes, then moved to `device`.  Slots of the pool that
+    no row uses, and ring slots outside every window, hold random values (or NaN with
+    regime.poison).
+
+    The float64 history recurrence that fills consistent windows, the window writes and
+    the poison run on `history_device` (default: `device`), vectorized over rows and
+    heads.  On a GPU that float64 arithmetic (exp, log, the reductions) may round
+    differently from the CPU's in the last float64 bit; the records are stored in float32
+    or narrower, so the stored bits are almost always the CPU's (a flip needs a value
+    within ~2^-29 of a float32 rounding boundary).  history_device="cpu" gives exactly the
+    CPU bits on any device, at the cost of running the recurrence on the CPU.
     """
+    if case.draws not in DRAWS:
+        raise ValueError(f"case.draws={case.draws!r}; use one of {DRAWS}")
     arm = case.arm_spec
+    dev = torch.device(device)
+    hdev = dev if history_device is None else torch.device(history_device)
     gen = torch.Generator().manual_seed(case.seed)
+    bulk = gen if case.draws == "cpu" else torch.Generator(device=dev).manual_seed(case.seed)
     B, T, H, HV, K, V, NP = case.B, case.T, case.H, case.HV, case.K, case.V, case.pool
     reg = case.regime
     q, k, v, A_log, dt_bias, a, b = draw_tokens(reg, gen, B, T, H, HV, K, V)
-    pool = torch.randn(NP, HV, V, K, generator=gen) * reg.state_scale
+    bd = bulk.device
+    pool = torch.randn(NP, HV, V, K, generator=bulk, device=bd) * reg.state_scale
     # ring garbage everywhere, then each row's window
-    k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=gen)).float()
-    u_cache = torch.randn(NP, HV, RING_SLOTS, V, generator=gen) * reg.v_scale
-    g_cache = -torch.rand(NP, HV, RING_SLOTS, generator=gen) * 4.0
+    k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=bulk, device=bd)).float()
+    u_cache = torch.randn(NP, HV, RING_SLOTS, V, generator=bulk, device=bd) * reg.v_scale
+    g_cache = -torch.rand(NP, HV, RING_SLOTS, generator=bulk, device=bd) * 4.0
+    pool, k_cache, u_cache, g_cache = (x.to(hdev) for x in (pool, k_cache, u_cache, g_cache))
     A_io = A_log.to(arm.io)
     dt_io = dt_bias.to(arm.io)
-    _fill_windows(case, gen, pool.to(arm.state), k_cache, u_cache, g_cache, A_io, dt_io)
+    _fill_windows(case, gen, bulk, pool.to(arm.state), k_cache, u_cache, g_cache, A_io, dt_io)
     if reg.poison:
         _poison(case, pool, k_cache, u_cache, g_cache)
-    dev = torch.device(device)
     idx = torch.tensor([r.slot for r in case.rows], dtype=torch.int32)
     return dict(
-        A_log=A_log.to(arm.io).to(dev), dt_bias=dt_bias.to(arm.io).to(dev),
+        A_log=A_io.to(dev), dt_bias=dt_io.to(dev),
         a=a.to(arm.io).to(dev), b=b.to(arm.io).to(dev),
         q=q.to(arm.io).to(dev), k=k.to(arm.io).to(dev), v=v.to(arm.io).to(dev),
         initial_state_source=pool.to(arm.state).to(dev),
         initial_state_indices=idx.to(dev),
         k_cache=k_cache.to(arm.ring).to(dev), u_cache=u_cache.to(arm.ring).to(dev),
         g_cache=g_cache.float().to(dev),
-        hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32, device=dev),
-        cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32, device=dev),
+        hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32).to(dev),
+        cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32).to(dev),
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
 
 
-def _fill_windows(case: Case, gen, pool_state, k_cache, u_cache, g_cache, A_io, dt_io):
+def _windows(rows, max_len: int | None = None):
+    """(row, j, slot) index triples of every window record j < P of `rows` (CPU int64).
+
+    row: position in `rows`; slot: ring slot (base + j) & 31.  No Python loop over rows.
+    """
+    P = torch.tensor([r.hist_len for r in rows], dtype=torch.long)
+    base = torch.tensor([r.cache_base for r in rows], dtype=torch.long)
+    n = max([r.hist_len for r in rows] + [0]) if max_len is None else max_len
+    j = torch.arange(n)
+    m_, j_ = (j[None, :] < P[:, None]).nonzero(as_tuple=True)
+    return m_, j_, (base[m_] + j_) & (RING_SLOTS - 1)
+
+
+def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, A_io, dt_io):
     """Write each non-pad row's P window records at slot (base + j) & 31, j < P.
 
     consistent: run W_RING history tokens through the float64 recurrence from the row's
     checkpoint and record (k_hat, U, G cumulative from the checkpoint), as earlier launches
     would have; free: random normalized keys, random updates, decreasing G.
+    History keys and values come from `bulk` (= gen unless case.draws == "device"), decay
+    and beta from gen.  Everything after the draws runs on the caches' device, with one
+    indexed write per buffer for all rows.
     """
     arm = case.arm_spec
-    live = [(i, r) for i, r in enumerate(case.rows) if not r.pad and r.hist_len > 0]
+    live = [r for r in case.rows if not r.pad and r.hist_len > 0]
     n = len(live)
     H, HV, K, V = case.H, case.HV, case.K, case.V
     reg = case.regime
     # drawn for every case (even with no window) so that a row's values depend on the seed only
-    hk = _keys(reg, gen, (max(n, 1), W_RING, H, K))
-    hv_ = torch.randn(max(n, 1), W_RING, HV, V, generator=gen) * reg.v_scale
+    hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
+    hv_ = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
     _, _, ha = _decay_params(reg, gen, max(n, 1), W_RING, HV)
     hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
     if n == 0:
         return
-    slots_ = torch.tensor([r.slot for _, r in live])
+    dev = k_cache.device
+    ha, hb = ha.to(arm.io).to(dev), hb.to(arm.io).to(dev)
+    A_io, dt_io = A_io.to(dev), dt_io.to(dev)
     if reg.history == "consistent":
-        g, beta = gdn_oracle.gates(ha.to(arm.io), dt_io, A_io, hb.to(arm.io))
-        _, k_hat = gdn_oracle.normalized_qk(hk.to(arm.io), hk.to(arm.io), HV, 1.0)
-        S0 = pool_state[slots_].double()
-        _, U, _ = gdn_oracle.sequential(S0, k_hat, k_hat, hv_.to(arm.io), g, beta)
+        g, beta = gdn_oracle.gates(ha, dt_io, A_io, hb)
+        hk_io = hk.to(arm.io).to(dev)
+        _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
+        S0 = pool_state[torch.tensor([r.slot for r in live], device=dev)].double()
+        _, U, _ = gdn_oracle.sequential(S0, k_hat, k_hat, hv_.to(arm.io).to(dev), g, beta, keep_states=False)
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
     elif reg.history == "free":
-        kw = gdn_oracle.l2norm(hk)
-        U = hv_.double() * 0.5
-        g, _ = gdn_oracle.gates(ha.to(arm.io), dt_io, A_io, hb.to(arm.io))
+        kw = gdn_oracle.l2norm(hk).to(dev)
+        U = hv_.double().to(dev) * 0.5
+        g, _ = gdn_oracle.gates(ha, dt_io, A_io, hb)
         Gc = torch.cumsum(g, 1)
     else:
         raise ValueError(f"regime.history={reg.history!r}; use one of {HISTORIES}")
-    for m, (_, r) in enumerate(live):
-        s = (r.cache_base + torch.arange(r.hist_len)) & (RING_SLOTS - 1)
-        k_cache[r.slot][:, s] = kw[m, : r.hist_len].permute(1, 0, 2).float()
-        u_cache[r.slot][:, s] = U[m, : r.hist_len].permute(1, 0, 2).float()
-        g_cache[r.slot][:, s] = Gc[m, : r.hist_len].permute(1, 0).float()
+    m_, j_, s_ = _windows(live, W_RING)
+    row_ = torch.tensor([r.slot for r in live], dtype=torch.long)[m_]
+    m_, j_, s_, row_ = (x.to(dev) for x in (m_, j_, s_, row_))
+    # rows sit on distinct slots and a window holds distinct ring slots: no write collides
+    k_cache.permute(0, 2, 1, 3)[row_, s_] = kw[m_, j_].float()  # [n_records, H, K]
+    u_cache.permute(0, 2, 1, 3)[row_, s_] = U[m_, j_].float()  # [n_records, HV, V]
+    g_cache.permute(0, 2, 1)[row_, s_] = Gc[m_, j_].float()  # [n_records, HV]
 
 
 def _poison(case: Case, pool, k_cache, u_cache, g_cache):
     """NaN in every ring slot outside the windows and in pool rows no batch row uses (R1)."""
     nan = float("nan")
-    used = {r.slot for r in case.rows if not r.pad}
-    for s in range(case.pool):
-        if s not in used:
-            pool[s] = nan
-            k_cache[s] = nan
-            u_cache[s] = nan
-            g_cache[s] = nan
-    for r in case.rows:
-        if r.pad:
-            continue
-        keep = torch.zeros(RING_SLOTS, dtype=torch.bool)
-        keep[(r.cache_base + torch.arange(r.hist_len)) & (RING_SLOTS - 1)] = True
-        k_cache[r.slot][:, ~keep] = nan
-        u_cache[r.slot][:, ~keep] = nan
-        g_cache[r.slot][:, ~keep] = nan
+    real = [r for r in case.rows if not r.pad]
+    keep = torch.zeros(case.pool, RING_SLOTS, dtype=torch.bool)  # window slots of used pool rows
+    used = torch.zeros(case.pool, dtype=torch.bool)
+    if real:
+        slot = torch.tensor([r.slot for r in real], dtype=torch.long)
+        used[slot] = True
+        m_, _, s_ = _windows(real)
+        keep[slot[m_], s_] = True
+    keep, used = keep.to(k_cache.device), used.to(pool.device)
+    pool.masked_fill_(~used[:, None, None, None], nan)
+    k_cache.masked_fill_(~keep[:, None, :, None], nan)
+    u_cache.masked_fill_(~keep[:, None, :, None], nan)
+    g_cache.masked_fill_(~keep[:, None, :], nan)
 
 
 def default_scale(case: Case) -> float:

@@ -5,8 +5,10 @@ check_oracle()  outputs, appended k/u/g and the folded checkpoint vs the float64
                 within the arm's tolerance (M1-M7)
 check_writes()  every element outside the launch's write set keeps its bits (M8, R2)
 
-Checks return Findings; they never print.  Comparisons stay on the device; only the
-per-(row, head) verdicts come back to the host.
+Checks return Findings; they never print.  Comparisons stay on the device and are
+reduced there: a passing check_launch pulls two small tensors to the host (the oracle
+summary and the write-check flags), whatever B and the geometry; details (where a write
+landed, which row) are only looked up once a check has failed.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Observation:
     after: dict
     output: torch.Tensor | None
     error: BaseException | None = None
+    from_case: bool = False  # inputs are materialize(case): their cursors are the Case's rows
 
 
 def snapshot(inputs: dict) -> dict:
@@ -67,6 +70,7 @@ def snapshot(inputs: dict) -> dict:
 def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
             output: torch.Tensor | None = None) -> Observation:
     """Run one launch.  Exceptions raised by the target are kept in the Observation."""
+    from_case = inputs is None
     inputs = materialize(case, device) if inputs is None else inputs
     before = snapshot(inputs)
     kwargs = dict(inputs)
@@ -77,7 +81,7 @@ def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | N
         err = None
     except Exception as e:  # the target's own exception, reported as a finding by the caller
         out, err = None, e
-    return Observation(case=case, before=before, after=inputs, output=out, error=err)
+    return Observation(case=case, before=before, after=inputs, output=out, error=err, from_case=from_case)
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -100,14 +104,21 @@ def rel_to_magnitude(got, want, mag, dims, atol: float = 0.0):
     return err, den, atol * n**0.5
 
 
+def _worst_on_device(ratio: torch.Tensor, rel: torch.Tensor, live_rows: torch.Tensor) -> torch.Tensor:
+    """[flat index, ratio, rel, any live] of the worst live (row, head), as a float64 tensor
+    on the metrics' device (no host round trip).  ratio, rel [B, X]; live_rows [B]."""
+    m = torch.where(live_rows[:, None], torch.nan_to_num(ratio.double(), nan=float("inf")),
+                    torch.full_like(ratio, -1.0, dtype=torch.float64))
+    flat = torch.argmax(m)
+    return torch.stack([flat.double(), m.flatten()[flat], rel.double().flatten()[flat],
+                        live_rows.any().double()])
+
+
 def _worst(metric: torch.Tensor, live_rows: torch.Tensor):
     """(row, head, value) of the worst (row, head) over live rows; metric [B, X]."""
-    m = metric.clone()
-    m[~live_rows] = -1.0
-    m = torch.nan_to_num(m, nan=float("inf"))
-    flat = int(torch.argmax(m).item())
-    r, h = divmod(flat, m.shape[1])
-    return r, h, float(m[r, h].item())
+    flat, val, _, _ = _worst_on_device(metric, metric, live_rows).tolist()
+    r, h = divmod(int(flat), metric.shape[1])
+    return r, h, val
 
 
 def _nonfinite(t: torch.Tensor, dims) -> torch.Tensor:
@@ -117,14 +128,27 @@ def _nonfinite(t: torch.Tensor, dims) -> torch.Tensor:
     return x
 
 
+def _check_case_cursors(case: Case) -> None:
+    """ring_oracle.check_cursors from the Case's own rows (host ints: no device round trip)."""
+    bad = [r.hist_len for r in case.rows if not r.pad and not 0 <= r.hist_len <= ring_oracle.W_RING]
+    if bad:
+        raise ValueError(f"hist_len of non-pad rows must lie in [0, {ring_oracle.W_RING}] for the ring model; "
+                         f"got {[r.hist_len for r in case.rows]}")
+
+
 def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
     b, case = obs.before, obs.case
     scale = b.get("scale") or 1.0 / (case.K ** 0.5)
+    # cursors materialized from the Case are validated from its rows, not on the device
+    validate = not obs.from_case
+    if obs.from_case:
+        _check_case_cursors(case)
     return ring_oracle.launch(
         q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
         pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
         u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
-        flush_min=case.fmin, scale=scale)
+        flush_min=case.fmin, scale=scale, validate=validate)
+
 
 
 @dataclass
@@ -142,8 +166,42 @@ class Metric:
 
     def worst(self):
         """(row, head, ratio, rel) at the worst live (row, head)."""
-        r, h, val = _worst(self.ratio, self.live)
-        return r, h, val, float(self.rel[r, h].item())
+        flat, ratio, rel, _ = _worst_on_device(self.ratio, self.rel, self.live).tolist()
+        r, h = divmod(int(flat), self.ratio.shape[1])
+        return r, h, ratio, rel
+
+
+@dataclass
+class MetricSummary:
+    """One Metric on the host: the worst live (row, head), and the worst rel per row."""
+
+    row: int
+    head: int
+    ratio: float
+    rel: float
+    any_live: bool
+    row_rel: list  # [B] worst rel over heads, per row
+    live: list  # [B] bool
+
+
+def summarize(metrics: dict[str, Metric]) -> dict[str, MetricSummary]:
+    """Every metric's verdict in ONE device-to-host transfer (a few floats per row)."""
+    parts, sizes = [], []
+    for m in metrics.values():
+        part = torch.cat([_worst_on_device(m.ratio, m.rel, m.live), m.rel.double().amax(1), m.live.double()])
+        parts.append(part)
+        sizes.append(m.rel.shape)
+    if not parts:
+        return {}
+    flat = torch.cat(parts).cpu().tolist()
+    out, i = {}, 0
+    for (name, m), (B, X) in zip(metrics.items(), sizes):
+        f, ratio, rel, any_live = flat[i:i + 4]
+        r, h = divmod(int(f), X)
+        out[name] = MetricSummary(r, h, ratio, rel, bool(any_live), flat[i + 4:i + 4 + B],
+                                  [bool(x) for x in flat[i + 4 + B:i + 4 + 2 * B]])
+        i += 4 + 2 * B
+    return out
 
 
 CLAUSES = {"y": "M4", "k": "M5", "u": "M5", "g": "M6", "fold": "M7"}
@@ -194,8 +252,12 @@ def oracle_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = N
 
 
 def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = None,
-                 metrics: dict[str, Metric] | None = None) -> list[Finding]:
-    """M1-M7 as findings: every output whose worst (row, head) exceeds the arm's tolerance."""
+                 metrics: dict[str, Metric] | None = None,
+                 summary: dict[str, MetricSummary] | None = None) -> list[Finding]:
+    """M1-M7 as findings: every output whose worst (row, head) exceeds the arm's tolerance.
+
+    summary: summarize(metrics), when the caller has it already (one transfer per launch).
+    """
     case = obs.case
     if obs.error is not None:
         return [Finding("launch", "H*", f"a legal case raised {type(obs.error).__name__}: {obs.error}")]
@@ -204,10 +266,12 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
     if obs.output is None:
         findings.append(Finding("launch", "M8", "the entry point returned None instead of the output tensor"))
     tol = table_for(case.arm)
-    for name, m in (oracle_metrics(obs, e) if metrics is None else metrics).items():
-        if not bool(m.live.any()):
+    if summary is None:
+        summary = summarize(oracle_metrics(obs, e) if metrics is None else metrics)
+    for name, sm in summary.items():
+        if not sm.any_live:
             continue
-        r, h, ratio, rel = m.worst()
+        r, h, ratio, rel = sm.row, sm.head, sm.ratio, sm.rel
         if ratio <= 1.0:
             continue
         t = tol[name]
@@ -227,25 +291,30 @@ def check_writes(obs: Observation) -> list[Finding]:
     ws = ring_oracle.write_set(pool_size=case.pool, H=case.H, HV=case.HV, T=case.T,
                                idx=b["initial_state_indices"], hist_len=b["hist_len"],
                                cache_base=b["cache_base"], flush_min=case.fmin)
+    masks = (("initial_state_source", ws.pool[..., None, None], "M8"),
+             ("k_cache", ws.k_ring[..., None], "M5"),
+             ("u_cache", ws.u_ring[..., None], "M5"),
+             ("g_cache", ws.g_ring, "M5"))
+    cursors = ("hist_len", "cache_base") if not case.restart_hist_on_flush else ()
+    read_only = [n for n in READ_ONLY if isinstance(b.get(n), torch.Tensor)]
+    # every verdict reduced on the device, then one transfer: [changed outside] + [modified]
+    changed = [~same_bits(b[name], a[name]) & ~mask for name, mask, _ in masks]
+    flags = torch.stack([c.any() for c in changed]
+                        + [~same_bits(b[n], a[n]).all() for n in read_only + list(cursors)]).tolist()
     findings = []
-    for name, mask, clause in (("initial_state_source", ws.pool[..., None, None], "M8"),
-                               ("k_cache", ws.k_ring[..., None], "M5"),
-                               ("u_cache", ws.u_ring[..., None], "M5"),
-                               ("g_cache", ws.g_ring, "M5")):
-        changed = ~same_bits(b[name], a[name]) & ~mask
-        if bool(changed.any()):
-            where = changed.nonzero()[0].tolist()
+    for (name, _, clause), c, bad in zip(masks, changed, flags):
+        if bad:
+            where = c.nonzero()[0].tolist()
             findings.append(Finding("writes.outside", clause,
                                     f"{name}{where} changed but lies outside the launch's write set "
-                                    f"({int(changed.sum())} elements)"))
-    for name in READ_ONLY:
-        if isinstance(b.get(name), torch.Tensor) and not bool(same_bits(b[name], a[name]).all()):
+                                    f"({int(c.sum())} elements)"))
+    for name, bad in zip(read_only, flags[len(masks):]):
+        if bad:
             findings.append(Finding("writes.inputs", "M8", f"read-only input {name} was modified"))
-    if not case.restart_hist_on_flush:
-        for name in ("hist_len", "cache_base"):
-            if not torch.equal(b[name], a[name]):
-                findings.append(Finding("writes.cursors", "C1",
-                                        f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)"))
+    for name, bad in zip(cursors, flags[len(masks) + len(read_only):]):
+        if bad:
+            findings.append(Finding("writes.cursors", "C1",
+                                    f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)"))
     return findings
 
 
@@ -258,13 +327,10 @@ class Findings(list):
     metrics: dict | None = None
 
 
-def row_metrics(metrics: dict[str, Metric]) -> dict:
+def row_metrics(metrics: dict[str, Metric], summary: dict[str, MetricSummary] | None = None) -> dict:
     """Worst error / magnitude per row and output (None where the row has no such output)."""
-    out = {}
-    for name, m in metrics.items():
-        worst = m.rel.amax(1)
-        out[name] = [float(v) if bool(live) else None for v, live in zip(worst.tolist(), m.live.tolist())]
-    return out
+    summary = summarize(metrics) if summary is None else summary
+    return {name: [v if live else None for v, live in zip(sm.row_rel, sm.live)] for name, sm in summary.items()}
 
 
 def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
@@ -274,6 +340,7 @@ def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
         return Findings(check_oracle(obs))
     e = expectation(obs)
     metrics = oracle_metrics(obs, e)
-    res = Findings(check_oracle(obs, e, metrics) + check_writes(obs))
-    res.metrics = row_metrics(metrics)
+    summary = summarize(metrics)  # the one oracle transfer of this launch
+    res = Findings(check_oracle(obs, e, metrics, summary) + check_writes(obs))
+    res.metrics = row_metrics(metrics, summary)
     return res

@@ -51,7 +51,12 @@ def normalized_qk(q, k, HV: int, scale: float):
     return expand_heads(l2norm(q) * scale, HV), expand_heads(l2norm(k), HV)
 
 
-def sequential(S, q_hat, k_hat, v, g, beta):
+def matvec(S, x):
+    """S x for every (row, head): S [..., V, K], x [..., K] -> [..., V] (a batched matmul)."""
+    return (S @ x[..., None]).squeeze(-1)
+
+
+def sequential(S, q_hat, k_hat, v, g, beta, *, keep_states: bool = True, pick=None):
     """M4, one token at a time, from state S.
 
     S: [B, HV, V, K]; q_hat, k_hat: [B, T, HV, K]; v: [B, T, HV, V]; g, beta: [B, T, HV].
@@ -60,37 +65,48 @@ def sequential(S, q_hat, k_hat, v, g, beta):
         U_t = beta_t (v_t - S k_t)          (the corrected update, what the ring stores)
         S <- S + U_t k_t^T
         y_t = S q_t
-    Returns y [B, T, HV, V], U [B, T, HV, V], states [B, T, HV, V, K] (S after token t).
+    Returns (y [B, T, HV, V], U [B, T, HV, V], states), where states is
+      keep_states=True (default): [B, T, HV, V, K], S after every token t;
+      keep_states=False:          [B, HV, V, K], S after the last token only (two states
+                                  live at a time instead of 2T: callers that need y and U);
+      pick ([B] int in -1..T-1):  [B, HV, V, K], each row's S after token pick[b] (-1: the
+                                  input S), selected as the loop runs (keep_states ignored).
     """
     S = S.double()
     v = v.double()
+    kept = S if pick is not None else None
     ys, Us, Ss = [], [], []
     for t in range(q_hat.shape[1]):
-        S = torch.exp(g[:, t])[..., None, None] * S
-        U = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhvk,bhk->bhv", S, k_hat[:, t]))
-        S = S + U[..., :, None] * k_hat[:, t, :, None, :]
-        ys.append(torch.einsum("bhvk,bhk->bhv", S, q_hat[:, t]))
+        S = torch.exp(g[:, t])[..., None, None] * S  # a new tensor: states kept earlier are untouched
+        U = beta[:, t, :, None] * (v[:, t] - matvec(S, k_hat[:, t]))
+        S.addcmul_(U[..., :, None], k_hat[:, t, :, None, :])  # S <- S + U_t k_t^T
+        ys.append(matvec(S, q_hat[:, t]))
         Us.append(U)
-        Ss.append(S)
-    return torch.stack(ys, 1), torch.stack(Us, 1), torch.stack(Ss, 1)
+        if pick is not None:
+            kept = torch.where((pick == t)[:, None, None, None], S, kept)
+        elif keep_states:
+            Ss.append(S)
+    states = kept if pick is not None else (torch.stack(Ss, 1) if keep_states else S)
+    return torch.stack(ys, 1), torch.stack(Us, 1), states
 
 
-def sequential_magnitude(S_abs, q_hat, k_hat, v, g, beta):
+def sequential_magnitude(S_abs, q_hat, k_hat, v, g, beta, *, keep_states: bool = True):
     """The same recurrence on absolute values: |terms| that build y, U and S.
 
     Floating-point error in any evaluation order of M4 is bounded by a multiple of
     these magnitudes (the classical |A||x| bound), so the tolerance checks divide
     errors by them instead of by |y|, which can cancel to zero.  Same shapes as
-    sequential(); S_abs must already be a magnitude (non-negative).
+    sequential() (keep_states likewise); S_abs must already be a magnitude (non-negative).
     """
     M = S_abs.double()
     qa, ka, va = q_hat.abs(), k_hat.abs(), v.double().abs()
     ys, Us, Ms = [], [], []
     for t in range(q_hat.shape[1]):
         M = torch.exp(g[:, t])[..., None, None] * M
-        U = beta[:, t, :, None] * (va[:, t] + torch.einsum("bhvk,bhk->bhv", M, ka[:, t]))
-        M = M + U[..., :, None] * ka[:, t, :, None, :]
-        ys.append(torch.einsum("bhvk,bhk->bhv", M, qa[:, t]))
+        U = beta[:, t, :, None] * (va[:, t] + matvec(M, ka[:, t]))
+        M.addcmul_(U[..., :, None], ka[:, t, :, None, :])  # M <- M + U_t |k_t|^T
+        ys.append(matvec(M, qa[:, t]))
         Us.append(U)
-        Ms.append(M)
-    return torch.stack(ys, 1), torch.stack(Us, 1), torch.stack(Ms, 1)
+        if keep_states:
+            Ms.append(M)
+    return torch.stack(ys, 1), torch.stack(Us, 1), (torch.stack(Ms, 1) if keep_states else M)

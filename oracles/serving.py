@@ -39,10 +39,8 @@ def sequential_decode(S, step: StepInputs, A_log, dt_bias, scale: float):
     HV = step.v.shape[2]
     g, beta = gates(step.a, dt_bias, A_log, step.b)
     q_hat, k_hat = normalized_qk(step.q, step.k, HV, scale)
-    y, _, states = sequential(S, q_hat, k_hat, step.v, g, beta)
     n = step.accepted.long() - 1  # index of the last accepted token; -1: none accepted (C4 allows 0)
-    picked = states[torch.arange(S.shape[0], device=S.device), n.clamp(min=0)]
-    S_next = torch.where((n >= 0)[:, None, None, None], picked, S.double())
+    y, _, S_next = sequential(S, q_hat, k_hat, step.v, g, beta, pick=n)  # S after token n per row
     return S_next, y
 
 

@@ -1023,7 +1023,7 @@ def test_power_y_from_final_state_breaks_prefix_independence(monkeypatch):
     assert check_prefix(c)["M4 prefix independence"] == 0.0
     orig = gdn.sequential
 
-    def y_from_final(S, q_hat, k_hat, v, g, beta):
+    def y_from_final(S, q_hat, k_hat, v, g, beta, **kw):  # ring.launch passes keep_states=False
         y, U, states = orig(S, q_hat, k_hat, v, g, beta)
         y = torch.einsum("bhvk,bthk->bthv", states[:, -1], q_hat)
         return y, U, states
