@@ -191,3 +191,40 @@ def test_seconds_budget_truncates_and_says_so(tmp_path):
     run = res["runs"]["4"]
     assert run["truncated"] and 0 < run["tokens_reached"] < 100000 and run["series"]["step"]
     assert "Truncated" in write_outputs(res, tmp_path)["md"].read_text()
+
+
+# ------------------------------------------------------------------ the H200 bound (production kernel)
+# Provenance: the H200 study of 2026-11-29 (docs/drift-h200.md: production kernel, H=16, HV=64, batch 4,
+# MTP-like acceptance, normal decay, seed 0, record every 4th step): the largest state / output error
+# over the whole horizon, per (T, arm).  The errors are flat in that study (log-log slopes within
+# +-0.003), so a shorter run must stay under the same maxima; the bound is DRIFT_MARGIN x these.
+H200_STATE = {
+    ("4", "bf16"): 5.478e-3, ("4", "bf16-state16"): 5.469e-3, ("4", "bf16-ring16"): 4.989e-3,
+    ("4", "bf16-state16-ring16"): 4.422e-3, ("4", "fp16"): 6.874e-4,
+    ("8", "bf16"): 5.612e-3, ("8", "bf16-state16"): 5.600e-3, ("8", "bf16-ring16"): 4.958e-3,
+    ("8", "bf16-state16-ring16"): 4.649e-3, ("8", "fp16"): 7.567e-4,
+}
+H200_Y = {
+    ("4", "bf16"): 2.248e-3, ("4", "bf16-state16"): 2.248e-3, ("4", "bf16-ring16"): 2.231e-3,
+    ("4", "bf16-state16-ring16"): 2.219e-3, ("4", "fp16"): 2.872e-4,
+    ("8", "bf16"): 2.339e-3, ("8", "bf16-state16"): 2.339e-3, ("8", "bf16-ring16"): 2.340e-3,
+    ("8", "bf16-state16-ring16"): 2.182e-3, ("8", "fp16"): 3.143e-4,
+}
+H200_HORIZON = 2048
+
+
+def test_production_drift_bound(gdn_selection):
+    """GPU: the production kernel's drift over 2,048 tokens stays under the H200 study's bound, every arm."""
+    from gdn_fuzz.arms import ARM_NAMES
+
+    name, _, device = gdn_selection
+    if name != "production" or not str(device).startswith("cuda"):
+        pytest.skip("the H200 drift bound is for the production kernel on a GPU (--gdn-target production)")
+    res = run_drift("production", ARM_NAMES, Ts=(4, 8), tokens=H200_HORIZON, batch=4, accept="mtp",
+                    regime="normal", seed=0, device=device, record_every=4)
+    for T, run in res["runs"].items():
+        for arm, s in run["summary"].items():
+            assert s["state_max"] <= DRIFT_MARGIN * H200_STATE[(T, arm)], (
+                f"T={T} {arm}: state drift {s['state_max']:.3e} > {DRIFT_MARGIN} x {H200_STATE[(T, arm)]:.3e}")
+            assert s["y_max"] <= DRIFT_MARGIN * H200_Y[(T, arm)], (
+                f"T={T} {arm}: output drift {s['y_max']:.3e} > {DRIFT_MARGIN} x {H200_Y[(T, arm)]:.3e}")

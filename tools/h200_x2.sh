@@ -31,31 +31,31 @@ pids=()
 PHASES=" $* "
 want() { [[ "$PHASES" == *" $1 "* ]]; }
 
+# drift jobs: GPU:T:accept:regime:tokens:name (DRIFT_JOBS overrides the default study list)
+DEFAULT_DRIFT=""
+for T in 4 8; do
+  g=$([ $T = 4 ] && echo 0 || echo 1)
+  DEFAULT_DRIFT+=" $g:$T:mtp:normal:32768:mtp_normal $g:$T:mtp:realistic:32768:mtp_realistic $g:$T:all:normal:32768:all_normal"
+  DEFAULT_DRIFT+=" $g:$T:one:normal:8192:one_normal $g:$T:one:decay=weak,beta=near0:4096:one_weak_near0"
+done
 if want drift; then
   mkdir -p "$R/drift"
-  for T in 4 8; do
-    g=$([ $T = 4 ] && echo 0 || echo 1)
-    for spec in "mtp normal 32768 mtp_normal" "mtp realistic 32768 mtp_realistic" "all normal 32768 all_normal" \
-                "one normal 8192 one_normal" "one decay=weak,beta=near0 4096 one_weak_near0"; do
-      set -- $spec
-      ( on $g timeout $(( DRIFT_S + 60 )) gdn-fuzz drift --target production --T $T --tokens $3 --accept $1 \
-          --regime $2 --record-every 4 --seconds $DRIFT_S --out "$R/drift/$4_T$T" > "$R/drift/$4_T$T.log" 2>&1
-        echo "drift $4 T=$T rc=$? at $(el)s" ) &
-      pids+=($!)
-    done
+  for job in ${DRIFT_JOBS:-$DEFAULT_DRIFT}; do
+    IFS=: read -r g T acc reg tok name <<< "$job"
+    ( on $g timeout $(( DRIFT_S + 60 )) gdn-fuzz drift --target production --T $T --tokens $tok --accept $acc \
+        --regime $reg --record-every 4 --seconds $DRIFT_S --out "$R/drift/${name}_T$T" > "$R/drift/${name}_T$T.log" 2>&1
+      echo "drift $name T=$T rc=$? at $(el)s" ) &
+    pids+=($!)
   done
 fi
-if want mutants; then
-  ( on 0 timeout ${MUTANTS_S:-420} gdn-fuzz mutants --base production --device cuda --budget 30 \
+# GPU 0, in sequence
+( if want triton; then on 0 timeout ${TRITON_S:-200} bash tools/h200_triton.sh > "$R/triton.txt" 2>&1; echo "triton rc=$? at $(el)s"; fi
+  if want mutants; then
+    on 0 timeout ${MUTANTS_S:-420} gdn-fuzz mutants --base production --device cuda --budget ${MUTANT_BUDGET:-30} \
       --only ${MUTANTS:-prod_no_local_g_restart prod_anchor_lane_p prod_fold_no_bdec prod_g_append_restart prod_beta_no_sigmoid prod_lazy_flush_min prod_commit_slides_verify prod_commit_pad_exempt prod_guard_hist_len} \
       --json "$R/mutants-gpu.json" \
-      > "$R/mutants-gpu.txt" 2>&1; echo "mutants rc=$? at $(el)s" ) &
-  pids+=($!)
-fi
-if want triton; then
-  ( on 0 timeout 260 bash tools/h200_triton.sh > "$R/triton.txt" 2>&1; echo "triton rc=$? at $(el)s" ) &
-  pids+=($!)
-fi
+      > "$R/mutants-gpu.txt" 2>&1; echo "mutants rc=$? at $(el)s"; fi ) &
+pids+=($!)
 # GPU 1, in sequence
 ( if want bench; then on 1 timeout 260 bash tools/h200_bench.sh > "$R/bench.txt" 2>&1; echo "bench rc=$? at $(el)s"; fi
   if want serving; then
@@ -70,22 +70,25 @@ wait "${pids[@]}"
 echo "phase 1 done at $(el)s"
 if want drift; then
   for study in mtp_normal mtp_realistic all_normal one_normal one_weak_near0; do
-    gdn-fuzz drift --merge "$R/drift/${study}_T4/drift.json" "$R/drift/${study}_T8/drift.json" --out "$R/drift/$study" \
-      >> "$R/drift/merge.log" 2>&1
+    [ -f "$R/drift/${study}_T4/drift.json" ] && [ -f "$R/drift/${study}_T8/drift.json" ] && \
+      gdn-fuzz drift --merge "$R/drift/${study}_T4/drift.json" "$R/drift/${study}_T8/drift.json" --out "$R/drift/$study" \
+        >> "$R/drift/merge.log" 2>&1
   done
   tail -n 3 "$R/drift/merge.log"
 fi
 if want multi; then
   MS=${MULTI_S:-40}
-  timeout 150 python3 -m pytest -n 2 tests/test_launch.py tests/test_relations.py tests/test_corpus_replay.py \
+  timeout ${XDIST_S:-150} python3 -m pytest -n 2 tests/test_launch.py tests/test_relations.py tests/test_corpus_replay.py \
+    tests/test_contract_properties.py tests/test_drift.py::test_production_drift_bound \
     -p no:cacheprovider -q -rA --gdn-target production --gdn-corpus "$R/corpus-x2" -k "not planted" \
     > "$R/xdist2.txt" 2>&1; echo "xdist2 rc=$? at $(el)s"
+  mkdir -p "$R/multi"
   timeout $(( MS + 90 )) gdn-fuzz run --target production --gpus 0,1 --seconds "$MS" --corpus "$R/corpus-x2" \
     --json "$R/multi/campaign.json" > "$R/multi.txt" 2>&1; echo "multi rc=$? at $(el)s"
   on 0 timeout $(( MS + 90 )) gdn-fuzz run --target production --seconds "$MS" --corpus "$R/corpus-x1" \
     --json "$R/multi/one-gpu.json" > "$R/one-gpu.txt" 2>&1; echo "one-gpu rc=$? at $(el)s"
 fi
-for f in serving contract mutants-gpu xdist2 multi one-gpu; do [ -f "$R/$f.txt" ] && { echo "== $f"; tail -n 6 "$R/$f.txt" | cut -c1-200; }; done
+for f in serving contract mutants-gpu triton bench xdist2 multi one-gpu; do [ -f "$R/$f.txt" ] && { echo "== $f"; tail -n 6 "$R/$f.txt" | cut -c1-200; }; done
 # the per-(study, T) drift parts are large: their own archive (the merged studies stay in results)
 [ -d "$R/drift" ] && tar czf "$OUT/drift-parts.tar.gz" -C "$OUT" $(cd "$OUT" && ls -d r/drift/*_T[48] 2>/dev/null)
 tar czf "$OUT/results.tar.gz" --exclude='r/drift/*_T[48]/drift.json' -C "$OUT" r
