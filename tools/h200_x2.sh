@@ -58,6 +58,10 @@ fi
 pids+=($!)
 # GPU 1, in sequence
 ( if want bench; then on 1 timeout 260 bash tools/h200_bench.sh > "$R/bench.txt" 2>&1; echo "bench rc=$? at $(el)s"; fi
+  if want onegpu; then  # the one-GPU reference for the two-GPU campaign of the multi phase (same options)
+    mkdir -p "$R/multi"
+    on 1 timeout $(( ${MULTI_S:-40} + 90 )) gdn-fuzz run --target production --seconds "${MULTI_S:-40}" \
+      --corpus "$R/corpus-x1" --json "$R/multi/one-gpu.json" > "$R/one-gpu.txt" 2>&1; echo "one-gpu rc=$? at $(el)s"; fi
   if want serving; then
     on 1 timeout 200 python3 -m pytest tests/test_serving_harness.py -p no:cacheprovider -q -rA --gdn-target production \
       -k "not planted" --durations=10 > "$R/serving.txt" 2>&1; echo "serving rc=$? at $(el)s"; fi
@@ -85,8 +89,6 @@ if want multi; then
   mkdir -p "$R/multi"
   timeout $(( MS + 90 )) gdn-fuzz run --target production --gpus 0,1 --seconds "$MS" --corpus "$R/corpus-x2" \
     --json "$R/multi/campaign.json" > "$R/multi.txt" 2>&1; echo "multi rc=$? at $(el)s"
-  on 0 timeout $(( MS + 90 )) gdn-fuzz run --target production --seconds "$MS" --corpus "$R/corpus-x1" \
-    --json "$R/multi/one-gpu.json" > "$R/one-gpu.txt" 2>&1; echo "one-gpu rc=$? at $(el)s"
 fi
 for f in serving contract mutants-gpu triton bench xdist2 multi one-gpu; do [ -f "$R/$f.txt" ] && { echo "== $f"; tail -n 6 "$R/$f.txt" | cut -c1-200; }; done
 # the per-(study, T) drift parts are large: their own archive (the merged studies stay in results)
