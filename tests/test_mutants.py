@@ -206,3 +206,24 @@ def test_production_mutant_is_not_equivalent(name, gdn_selection):
         f"{name}: expected a {m.prop}* finding from {prop} on case {case_key!r}; got {[str(f) for f in found]}")
     clean = check(get_target("production"), case, gdn_device)
     assert clean == [], f"the released kernel fails the hand-picked case {case_key!r}: {[str(f) for f in clean]}"
+
+
+def test_a_finding_the_base_shares_is_not_a_kill():
+    """Mutation score counts only findings the unmodified base passes: a property that fails on the
+    base too (a known bug of the released kernel, say) must not credit the suite with a kill."""
+    from gdn_fuzz.checks import Finding
+    from gdn_fuzz.mutation import run_mutants
+    from gdn_fuzz.properties import Property
+
+    always = Property(name="launch", clauses="-", doc="fails on every target", strategy=get_property("launch").strategy,
+                      check=lambda target, case, device="cpu": [Finding("launch.always", "-", "fails everywhere")])
+    import gdn_fuzz.properties as P
+
+    saved = P.REGISTRY["launch"]
+    P.REGISTRY["launch"] = always  # the base check looks the property up by name
+    try:
+        (rec,) = run_mutants(["fold_skipped"], budget_s=2.0, properties=[always], arms=("bf16",), Ts=(4,),
+                             baseline=False, round_examples=5)
+    finally:
+        P.REGISTRY["launch"] = saved
+    assert not rec["killed"] and rec["base_also_fails"] and rec["base_also_fails"][0]["prop"] == "launch"
