@@ -31,7 +31,7 @@ pids=()
 PHASES=" $* "
 want() { [[ "$PHASES" == *" $1 "* ]]; }
 
-# drift jobs: GPU:T:accept:regime:tokens:name (DRIFT_JOBS overrides the default study list)
+# drift jobs: GPU:T:accept:regime:tokens:name[:arms,comma,separated] (DRIFT_JOBS overrides the default list)
 DEFAULT_DRIFT=""
 for T in 4 8; do
   g=$([ $T = 4 ] && echo 0 || echo 1)
@@ -41,8 +41,9 @@ done
 if want drift; then
   mkdir -p "$R/drift"
   for job in ${DRIFT_JOBS:-$DEFAULT_DRIFT}; do
-    IFS=: read -r g T acc reg tok name <<< "$job"
+    IFS=: read -r g T acc reg tok name arms <<< "$job"
     ( on $g timeout $(( DRIFT_S + 60 )) gdn-fuzz drift --target production --T $T --tokens $tok --accept $acc \
+        ${arms:+--arms ${arms//,/ }} \
         --regime $reg --record-every 4 --seconds $DRIFT_S --out "$R/drift/${name}_T$T" > "$R/drift/${name}_T$T.log" 2>&1
       echo "drift $name T=$T rc=$? at $(el)s" ) &
     pids+=($!)
@@ -51,7 +52,7 @@ fi
 # GPU 0, in sequence
 ( if want triton; then on 0 timeout ${TRITON_S:-200} bash tools/h200_triton.sh > "$R/triton.txt" 2>&1; echo "triton rc=$? at $(el)s"; fi
   if want mutants; then
-    on 0 timeout ${MUTANTS_S:-420} gdn-fuzz mutants --base production --device cuda --budget ${MUTANT_BUDGET:-30} \
+    on ${MUTANTS_GPU:-0} timeout ${MUTANTS_S:-420} gdn-fuzz mutants --base production --device cuda --budget ${MUTANT_BUDGET:-30} \
       --only ${MUTANTS:-prod_no_local_g_restart prod_anchor_lane_p prod_fold_no_bdec prod_g_append_restart prod_beta_no_sigmoid prod_lazy_flush_min prod_commit_slides_verify prod_commit_pad_exempt prod_guard_hist_len} \
       --json "$R/mutants-gpu.json" \
       > "$R/mutants-gpu.txt" 2>&1; echo "mutants rc=$? at $(el)s"; fi ) &
@@ -65,6 +66,9 @@ pids+=($!)
   if want serving; then
     on 1 timeout 200 python3 -m pytest tests/test_serving_harness.py -p no:cacheprovider -q -rA --gdn-target production \
       -k "not planted" --durations=10 > "$R/serving.txt" 2>&1; echo "serving rc=$? at $(el)s"; fi
+  if want replay; then  # the committed corpus (open bugs: strict xfail; guards: must pass)
+    on 1 timeout 120 python3 -m pytest tests/test_corpus_replay.py -p no:cacheprovider -q -rA --gdn-target production \
+      --gdn-corpus-readonly > "$R/replay.txt" 2>&1; echo "replay rc=$? at $(el)s"; fi
   if want contract; then
     on 1 timeout 150 python3 -m pytest tests/test_contract_properties.py tests/test_mutants.py -k "contract or production" \
       -p no:cacheprovider -q -rA --gdn-target production --gdn-corpus "$R/corpus" --hypothesis-show-statistics \
@@ -90,7 +94,7 @@ if want multi; then
   timeout $(( MS + 90 )) gdn-fuzz run --target production --gpus 0,1 --seconds "$MS" --corpus "$R/corpus-x2" \
     --json "$R/multi/campaign.json" > "$R/multi.txt" 2>&1; echo "multi rc=$? at $(el)s"
 fi
-for f in serving contract mutants-gpu triton bench xdist2 multi one-gpu; do [ -f "$R/$f.txt" ] && { echo "== $f"; tail -n 6 "$R/$f.txt" | cut -c1-200; }; done
+for f in serving replay contract mutants-gpu triton bench xdist2 multi one-gpu; do [ -f "$R/$f.txt" ] && { echo "== $f"; tail -n 6 "$R/$f.txt" | cut -c1-200; }; done
 # the per-(study, T) drift parts are large: their own archive (the merged studies stay in results)
 [ -d "$R/drift" ] && tar czf "$OUT/drift-parts.tar.gz" -C "$OUT" $(cd "$OUT" && ls -d r/drift/*_T[48] 2>/dev/null)
 tar czf "$OUT/results.tar.gz" --exclude='r/drift/*_T[48]/drift.json' -C "$OUT" r
