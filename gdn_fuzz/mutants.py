@@ -309,10 +309,11 @@ register(
            "_p_src = P_hist - 1 if P_hist > 0 else Int32(0)", "_p_src = P_hist if P_hist > 0 else Int32(0)",
            "kernel: the anchor G_P is shuffled from lane P instead of lane P - 1 (an off-by-one in the window "
            "end).  Exposed by any row with 0 < P.", base="production"),
-    Mutant("prod_fold_no_bdec", "M7", "oracle.fold",
+    Mutant("prod_fold_no_bdec", "M3", "oracle",
            "_bdec_v = _exp_approx_f32(_gp) if P_hist > 0 else f32(1.0)", "_bdec_v = f32(1.0)",
-           "kernel: the fold adds the window to the checkpoint without decaying it by e^{G_P}.  Exposed by "
-           "any flush row.", base="production"),
+           "kernel: the checkpoint decay bdec = e^{G_P} is dropped, so the replayed state is S0 + window "
+           "instead of e^{G_P} S0 + window: y and u of every row with P > 0 (the H200 campaign shrank it to a "
+           "verify row with P = 1) and the fold of flush rows.", base="production"),
     Mutant("prod_g_append_restart", "M5", "writes.outside",
            "(ring_base + P_hist + lane_id) & Int32(RING_MASK),", "(ring_base + lane_id) & Int32(RING_MASK),",
            "kernel: the g appends land at the window start (base + s) instead of past the window "
