@@ -51,7 +51,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -169,24 +169,33 @@ def _y_rel(y, yt, ym, acc, T):
     return torch.nan_to_num(e / d, nan=float("inf"))
 
 
+def _raw_windows(ad: TritonBaselineServing, reqs):
+    """Per request of `reqs`: (checkpoint [HV, V, K], [(raw k [HV, K], v [HV, V], g [HV], beta [HV])
+    for each window record in order]), on the CPU, in the stored dtypes."""
+    wp, base, _ = ad.cursors(reqs)
+    kh = torch.arange(ad.HV) // (ad.HV // ad.H)
+    h0, rawk, rawv, g, beta = (x.detach().cpu() for x in (ad.h0, ad.rawk, ad.rawv, ad.g_cache, ad.beta))
+    for i, r in enumerate(reqs):
+        s = ad.slots[r]
+        recs = []
+        for t in range(int(wp[i])):
+            p = (int(base[i]) + t) & (ad.ring - 1)
+            recs.append((rawk[s, kh, p], rawv[s, :, p], g[s, :, p], beta[s, :, p]))
+        yield h0[ad.blocks[r]], recs
+
+
 def fold_fp32_emulation(ad: TritonBaselineServing, reqs) -> torch.Tensor:
     """The exact fold's op order in fp32 torch (b_k / sqrt(sum k^2 + 1e-6); h *= exp(g); v -= sum(h k);
     v *= beta; h += k v), from the checkpoint and the raw window of `reqs`: [n, HV, V, K] fp32."""
-    wp, base, _ = ad.cursors(reqs)
-    hv = torch.arange(ad.HV)
-    kh = hv // (ad.HV // ad.H)
-    cpu = lambda x: x.detach().cpu()  # noqa: E731
     out = []
-    for i, r in enumerate(reqs):
-        s = ad.slots[r]
-        h = cpu(ad.h0)[ad.blocks[r]].float()  # [HV, V, K]
-        for t in range(int(wp[i])):
-            p = (int(base[i]) + t) & (ad.ring - 1)
-            k = cpu(ad.rawk)[s, kh, p].float()
+    for h, recs in _raw_windows(ad, reqs):
+        h = h.float()  # [HV, V, K]
+        for k, v, g, beta in recs:
+            k = k.float()
             k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-            h = h * torch.exp(cpu(ad.g_cache)[s, :, p].float())[:, None, None]
-            v = cpu(ad.rawv)[s, :, p].float() - (h * k[:, None, :]).sum(-1)
-            v = v * cpu(ad.beta)[s, :, p].float()[:, None]
+            h = h * torch.exp(g.float())[:, None, None]
+            v = v.float() - (h * k[:, None, :]).sum(-1)
+            v = v * beta.float()[:, None]
             h = h + v[:, :, None] * k[:, None, :]
         out.append(h)
     return torch.stack(out)
@@ -350,20 +359,13 @@ def _null_view(ad):
 
 def _fold_magnitude(ad, reqs):
     """The raw-window recurrence on |terms| (oracles.gdn.sequential_magnitude), float64 [n, HV, V, K]."""
-    wp, base, _ = ad.cursors(reqs)
-    hv = torch.arange(ad.HV)
-    kh = hv // (ad.HV // ad.H)
-    cpu = lambda x: x.detach().cpu()  # noqa: E731
     out = []
-    for i, r in enumerate(reqs):
-        s = ad.slots[r]
-        M = cpu(ad.h0)[ad.blocks[r]].double().abs()
-        for t in range(int(wp[i])):
-            p = (int(base[i]) + t) & (ad.ring - 1)
-            k = gdn_oracle.l2norm(cpu(ad.rawk)[s, kh, p].double()).abs()
-            M = torch.exp(cpu(ad.g_cache)[s, :, p].double())[:, None, None] * M
-            U = cpu(ad.beta)[s, :, p].double()[:, None] * (cpu(ad.rawv)[s, :, p].double().abs()
-                                                            + torch.einsum("hvk,hk->hv", M, k))
+    for M, recs in _raw_windows(ad, reqs):
+        M = M.double().abs()
+        for k, v, g, beta in recs:
+            k = gdn_oracle.l2norm(k.double()).abs()
+            M = torch.exp(g.double())[:, None, None] * M
+            U = beta.double()[:, None] * (v.double().abs() + torch.einsum("hvk,hk->hv", M, k))
             M = M + U[:, :, None] * k[:, None, :]
         out.append(M)
     return torch.stack(out)

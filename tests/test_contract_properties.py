@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gdn_fuzz.properties import get_property
-from gdn_fuzz.strategies import case_events, cases, geometries_for
+from gdn_fuzz.strategies import case_events, geometries_for
 
 
 @pytest.mark.parametrize("prop", ["guards", "commit", "precision", "extremes"])

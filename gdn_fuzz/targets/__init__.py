@@ -82,6 +82,22 @@ _LOCK = threading.RLock()
 _MODULES: dict[tuple[str, str], ModuleType] = {}
 
 
+def import_file(path: Path, name: str) -> ModuleType:
+    """Import the Python file `path` as module `name` (registered in sys.modules; removed again if
+    its import raises, so a failed import leaves nothing half-initialised behind)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetUnavailable(f"cannot import {path}: not a Python source file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
 def import_with_env(path: Path, env: dict[str, str], name: str | None = None) -> ModuleType:
     """Import `path` as a fresh module with `env` set only while it imports (D1 is read then).
 
@@ -95,17 +111,7 @@ def import_with_env(path: Path, env: dict[str, str], name: str | None = None) ->
         saved = {k: os.environ.get(k) for k in env}
         try:
             os.environ.update(env)
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise TargetUnavailable(f"cannot import {path}: not a Python source file")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            try:
-                spec.loader.exec_module(mod)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-            return mod
+            return import_file(path, name)
         finally:
             for k, old in saved.items():
                 if old is None:

@@ -91,7 +91,7 @@ from pathlib import Path
 
 import torch
 
-from . import TargetUnavailable
+from . import TargetUnavailable, import_file
 
 SGLANG_DIR_ENV = "GDN_FUZZ_SGLANG_DIR"
 DEFAULT_DIRS = ("/tmp/gdn/site/sglang_replayssm", "/tmp/sgl/site/sglang_replayssm")
@@ -185,18 +185,6 @@ _LOCK = threading.RLock()
 _CACHE: dict = {}
 
 
-def _import_path(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec)
-    sys.modules[name] = m
-    try:
-        spec.loader.exec_module(m)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return m
-
-
 def triton_missing_reason() -> str | None:
     try:
         import triton  # noqa: F401
@@ -230,9 +218,9 @@ def load_kernels(interpret: bool | None = None) -> TritonKernels:
             else:
                 tag = f"{abs(hash((str(folder), interpret))):x}"
                 with _helper_stubs():
-                    dec = _import_path(folder / REL / DECODE_FILE, f"_gdn_fuzz_sgl_decode_{tag}")
+                    dec = import_file(folder / REL / DECODE_FILE, f"_gdn_fuzz_sgl_decode_{tag}")
                     fp = folder / REL / FOLD_FILE
-                    fold = _import_path(fp, f"_gdn_fuzz_sgl_fold_{tag}") if fp.is_file() else None
+                    fold = import_file(fp, f"_gdn_fuzz_sgl_fold_{tag}") if fp.is_file() else None
                 src = str(folder / REL)
         finally:
             if saved is None:
