@@ -109,19 +109,27 @@ def cmd_run(args) -> int:
                 progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
                                        markup=False)
 
+        if args.warm_up:
+            progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
+            camp.warm_up()
+            progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT compiles "
+                                   "(outside the budget)")
         camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found)
         tick()
     s = camp.stats
     t = Table(title="gdn-fuzz summary")
-    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "findings", "time", "examples/s"):
+    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "findings", "time", "examples/s",
+                "warm-up"):
         t.add_column(col)
     t.add_row(str(target), device, str(s.examples), str(s.launches), str(s.rounds), str(s.compiles),
-              str(len(camp.findings)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}")
+              str(len(camp.findings)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
+              f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
     console.print(t)
     if args.json:
         rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                   warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings])
                              for f in camp.findings.values()])
@@ -264,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")
     r.add_argument("--no-isolate", action="store_true", help="launch in this process (no crash isolation)")
     r.add_argument("--record", help="append one JSON line per example here (input of `gdn-fuzz report`)")
+    r.add_argument("--warm-up", action="store_true",
+                   help="first launch one legal case per (arm, T, geometry, bucket), paying every JIT compile "
+                        "outside the budget (reported apart); the budget then measures checking, not compiling")
     r.add_argument("--gpus", help="one campaign process per GPU: '0,1' or 'all' (CUDA_VISIBLE_DEVICES per worker, "
                                   "seed + worker index, one shared corpus; --json gets the merged record)")
     r.set_defaults(func=cmd_run)

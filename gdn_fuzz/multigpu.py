@@ -60,6 +60,8 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
         argv += ["--corpus", corpus_dir]
     if args.no_isolate:
         argv += ["--no-isolate"]
+    if getattr(args, "warm_up", False):
+        argv += ["--warm-up"]
     if record_path:
         argv += ["--record", record_path]
     return argv

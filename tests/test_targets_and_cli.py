@@ -102,3 +102,18 @@ def test_doctor_names_every_target(capsys):
     out = capsys.readouterr().out
     for name in ("target reference", "target production", "target sm100"):
         assert name in out
+
+
+def test_run_warm_up_is_outside_the_budget(tmp_path):
+    """`gdn-fuzz run --warm-up` launches once per (arm, T, geometry, bucket) before the clock and
+    reports that time and its compiles apart from the measured budget."""
+    import json
+
+    from gdn_fuzz.cli import main
+
+    out = tmp_path / "c.json"
+    assert main(["run", "--target", "reference", "--device", "cpu", "--arms", "bf16", "--T", "4", "--examples", "3",
+                 "--warm-up", "--no-corpus", "--no-isolate", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["warmup_s"] > 0 and rec["warmup_compiles"] == 0  # the reference target never compiles
+    assert rec["examples"] >= 3 and rec["seconds"] < rec["warmup_s"] + 60
