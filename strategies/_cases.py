@@ -14,6 +14,8 @@ kernel compiles once per (arm, T, bucket, geometry) (contract D4).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from hypothesis import strategies as st
 
 from ..arms import ARM_NAMES
@@ -34,17 +36,41 @@ def geometries_for(target) -> tuple:
     return GPU_GEOMETRIES if getattr(target, "needs_cuda", False) else CPU_GEOMETRIES
 
 
+# Strategy objects are immutable and reusable; the factories below are memoized so that a draw
+# does not build (and Hypothesis does not re-validate) fresh strategy objects every example.
+# Memoizing changes no drawn value: Hypothesis draws depend on a strategy's structure, not on
+# the object's identity.
+
+
+@lru_cache(maxsize=None)
+def _sampled(values: tuple):
+    return st.sampled_from(values)
+
+
+@lru_cache(maxsize=None)
+def _ints(lo: int, hi: int):
+    return st.integers(lo, hi)
+
+
+@lru_cache(maxsize=None)
+def _perms(n: int):
+    return st.permutations(range(n))
+
+
+@lru_cache(maxsize=None)
 def flush_mins(T: int):
     """None (the lazy default 17 - T) or any legal value in [1, 17 - T] (H14)."""
     return st.one_of(st.none(), st.integers(1, W_RING - T + 1))
 
 
+@lru_cache(maxsize=None)
 def hist_lens(fmin: int):
     """P in [0, 16], with the routing edges drawn explicitly."""
     edges = sorted({0, 1, max(fmin - 1, 0), fmin, min(fmin + 1, W_RING), W_RING})
     return st.one_of(st.sampled_from(edges), st.integers(0, W_RING))
 
 
+@lru_cache(maxsize=None)
 def cache_bases(P: int):
     """base in [0, 32): 0, 31, exact wrap (32 - P), a wrapped window, or anything."""
     opts = [st.just(0), st.just(RING_SLOTS - 1), st.integers(0, RING_SLOTS - 1)]
@@ -54,31 +80,34 @@ def cache_bases(P: int):
     return st.one_of(*opts)
 
 
+_BOOLS = st.booleans()
+
+
 @st.composite
 def regimes(draw, poison=None):
     """Value regimes: norms, decay strength, beta range, key structure, history source."""
     return Regime(
-        qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
-        v_scale=draw(st.sampled_from((1.0, 1e-2, 8.0))),
-        state_scale=draw(st.sampled_from((0.1, 1.0, 1e-3))),
-        decay=draw(st.sampled_from(DECAYS)),
-        beta=draw(st.sampled_from(BETAS)),
-        keys=draw(st.sampled_from(KEYS)),
-        history=draw(st.sampled_from(HISTORIES)),
-        poison=draw(st.booleans()) if poison is None else poison,
+        qk_scale=draw(_sampled((1.0, 1e-3, 30.0))),
+        v_scale=draw(_sampled((1.0, 1e-2, 8.0))),
+        state_scale=draw(_sampled((0.1, 1.0, 1e-3))),
+        decay=draw(_sampled(DECAYS)),
+        beta=draw(_sampled(BETAS)),
+        keys=draw(_sampled(KEYS)),
+        history=draw(_sampled(HISTORIES)),
+        poison=draw(_BOOLS) if poison is None else poison,
     )
 
 
 @st.composite
 def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int):
     """n_real rows on distinct, permuted pool slots, padded with pad rows to `bucket`."""
-    slots = draw(st.permutations(range(pool)))[:n_real]
+    slots = draw(_perms(pool))[:n_real]
     real = []
     for s in slots:
         P = draw(hist_lens(fmin))
         real.append(Row(slot=s, hist_len=P, cache_base=draw(cache_bases(P))))
     pads = [Row(slot=-1, hist_len=0, cache_base=0)] * (bucket - n_real)
-    order = draw(st.permutations(range(bucket)))
+    order = draw(_perms(bucket))
     allrows = real + pads
     return tuple(allrows[i] for i in order)
 
@@ -87,18 +116,31 @@ def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int):
 def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=BUCKETS,
           restart=(False,), poison=None, max_extra_pool: int = 6):
     """One legal launch: every cursor in range, distinct slots, pad rows to a bucket size."""
-    arm = draw(st.sampled_from(tuple(arms)))
-    T = draw(st.sampled_from(tuple(Ts)))
-    H, HV = draw(st.sampled_from(tuple(geometries)))
-    bucket = draw(st.sampled_from(tuple(buckets)))
-    n_real = draw(st.integers(1, bucket))
-    pool = n_real + draw(st.integers(0, max_extra_pool))
+    arm = draw(_sampled(tuple(arms)))
+    T = draw(_sampled(tuple(Ts)))
+    H, HV = draw(_sampled(tuple(geometries)))
+    bucket = draw(_sampled(tuple(buckets)))
+    n_real = draw(_ints(1, bucket))
+    pool = n_real + draw(_ints(0, max_extra_pool))
     fm = draw(flush_mins(T))
     fmin = fm if fm is not None else W_RING - T + 1
-    rows = draw(rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real))
+    rows = draw(_rows(T, fmin, bucket, pool, n_real))
     return Case(arm=arm, T=T, H=H, HV=HV, pool=pool, rows=rows, flush_min=fm,
-                restart_hist_on_flush=draw(st.sampled_from(tuple(restart))),
-                regime=draw(regimes(poison=poison)), seed=draw(st.integers(0, 2**32 - 1)))
+                restart_hist_on_flush=draw(_sampled(tuple(restart))),
+                regime=draw(_regimes(poison)), seed=draw(_SEEDS))
+
+
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+@lru_cache(maxsize=None)
+def _rows(T: int, fmin: int, bucket: int, pool: int, n_real: int):
+    return rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real)
+
+
+@lru_cache(maxsize=None)
+def _regimes(poison):
+    return regimes(poison=poison)
 
 
 def case_events(case: Case) -> list[str]:
