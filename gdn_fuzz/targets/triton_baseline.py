@@ -91,6 +91,7 @@ from pathlib import Path
 
 import torch
 
+from ..oracles import gdn as gdn_oracle
 from . import TargetUnavailable, import_file
 
 SGLANG_DIR_ENV = "GDN_FUZZ_SGLANG_DIR"
@@ -257,7 +258,8 @@ def _softplus_thr(x):
 
 
 def _l2n(x):
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS)
+    """M2 (eps inside the square root, as the SGLang kernels do): oracles.gdn.l2norm, float64."""
+    return gdn_oracle.l2norm(x, EPS)
 
 
 class TorchBaselineModel:
@@ -297,14 +299,13 @@ class TorchBaselineModel:
             kh = hv // G
             S = checkpoint_state[sidx].double()  # [HV, V, K]
             if fl and wp > 0:  # exact fold: sequential replay of raw (v, k, g, beta)
-                for t in range(wp):
-                    p = (base + t) & mask
-                    kk = _l2n(rawk_cache[ridx, kh, p].double())  # [HV, K]
-                    S = torch.exp(g_cache[ridx, :, p].double())[:, None, None] * S
-                    U = beta_cache[ridx, :, p].double()[:, None] * (rawv_cache[ridx, :, p].double()
-                                                                    - torch.einsum("hvk,hk->hv", S, kk))
-                    S = S + U[:, :, None] * kk[:, None, :]
-                checkpoint_state[sidx] = S.to(checkpoint_state.dtype)
+                p = (base + torch.arange(wp)) & mask
+                kk = _l2n(rawk_cache[ridx][kh][:, p].double()).transpose(0, 1)[None]  # [1, wp, HV, K]
+                vv = rawv_cache[ridx][:, p].double().transpose(0, 1)[None]  # [1, wp, HV, V]
+                gw = g_cache[ridx][:, p].double().T[None]  # [1, wp, HV]
+                bw = beta_cache[ridx][:, p].double().T[None]
+                _, _, S = gdn_oracle.sequential(S[None], kk, kk, vv, gw, bw, keep_states=False)
+                checkpoint_state[sidx] = S[0].to(checkpoint_state.dtype)
                 S = checkpoint_state[sidx].double()  # the flush-output pass reads the stored checkpoint
             elif not fl and wp > 0:  # verify: replay the window from (d, k, per-token g)
                 p = (base + torch.arange(wp)) & mask
@@ -323,12 +324,11 @@ class TorchBaselineModel:
                 qh, kn = _l2n(qq) * scale, _l2n(kr)
             else:
                 qh, kn = qq * scale, kr
+            y, Us, _ = gdn_oracle.sequential(S[None], qh[:, kh][None], kn[:, kh][None], v[bos:eos].double()[None],
+                                             g[None], beta[None], keep_states=False)
+            out[bos:eos] = y[0].to(out.dtype)
             for s in range(eos - bos):
-                S = torch.exp(g[s])[:, None, None] * S
-                kt = kn[s, kh]  # [HV, K]
-                U = beta[s][:, None] * (v[bos + s, :].double() - torch.einsum("hvk,hk->hv", S, kt))
-                S = S + U[:, :, None] * kt[:, None, :]
-                out[bos + s] = torch.einsum("hvk,hk->hv", S, qh[s, kh]).to(out.dtype)
+                U = Us[0, s]  # [HV, V]
                 if wp + s < max_cache_len:
                     p = (base + wp + s) & mask
                     d_cache[ridx, :, p] = U.to(d_cache.dtype)
@@ -498,18 +498,13 @@ class TritonBaselineServing:
         kh = hv // (self.HV // self.H)
         cpu = lambda x: x.detach().cpu()  # noqa: E731
         S = cpu(self.h0)[torch.tensor([self.blocks[r] for r in reqs])].double()
-        for t in range(slots.shape[1]):
-            m = valid[:, t][:, None]
-            p = slots[:, t]
-            kk = _l2n(cpu(self.rawk)[ridx[:, None], kh[None, :], p[:, None]].double())  # [n, HV, K]
-            g = cpu(self.g_cache)[ridx[:, None], hv[None, :], p[:, None]].double()
-            bt = cpu(self.beta)[ridx[:, None], hv[None, :], p[:, None]].double()
-            vv = cpu(self.rawv)[ridx[:, None], hv[None, :], p[:, None]].double()
-            Sn = torch.exp(g)[..., None, None] * S
-            U = bt[..., None] * (vv - torch.einsum("nhvk,nhk->nhv", Sn, kk))
-            Sn = Sn + U[..., :, None] * kk[..., None, :]
-            S = torch.where(m[..., None, None], Sn, S)
-        return S
+        r_, h_, p_ = ridx[:, None, None], hv[None, None, :], slots[:, :, None]  # -> [n, W, HV]
+        m = valid[:, :, None]  # records past a row's window are identity steps: g = 0, beta = 0, k = 0
+        kk = torch.where(m[..., None], _l2n(cpu(self.rawk)[r_, kh[None, None, :], p_].double()), 0.0)
+        vv = torch.where(m[..., None], cpu(self.rawv)[r_, h_, p_].double(), 0.0)
+        g = torch.where(m, cpu(self.g_cache)[r_, h_, p_].double(), 0.0)
+        bt = torch.where(m, cpu(self.beta)[r_, h_, p_].double(), 0.0)
+        return gdn_oracle.sequential(S, kk, kk, vv, g, bt, keep_states=False)[2]
 
     def to_fused_layout(self, reqs) -> dict:
         """The fused kernel's layout of the same committed state (ring must be 32, windows <= 16).
@@ -547,10 +542,6 @@ def triton_io_ckpt(name: str) -> tuple[torch.dtype, torch.dtype]:
 
 
 TRITON_CONFIGS = ("bf16-ckpt32", "bf16-ckpt16", "fp16-ckpt32", "fp16-ckpt16")
-
-
-def unit(dtype) -> float:
-    return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}[dtype]
 
 
 __all__ = ["TritonKernels", "TorchBaselineModel", "TritonBaselineServing", "load_kernels", "resolve_sglang_files",
