@@ -403,31 +403,39 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
         tok = StepInputs(q=q.to(dev)[li], k=k.to(dev)[li], v=v.to(dev)[li], a=a.to(dev)[li], b=b.to(dev)[li],
                          accepted=acc.to(dev)[li])
         g_t, beta_t = gdn_oracle.gates(tok.a, dt64, A64, tok.b)
-        qh, kh = gdn_oracle.normalized_qk(tok.q, tok.k, HV, scale)
-        y_mag, _, _ = gdn_oracle.sequential_magnitude(truth[li].abs(), qh, kh, tok.v, g_t, beta_t)
+        record = (step % record_every == 0) or not bool((committed + acc < tokens).any())
+        if record:  # the error magnitudes of y are needed on recorded steps only
+            qh, kh = gdn_oracle.normalized_qk(tok.q, tok.k, HV, scale)
+            y_mag, _, _ = gdn_oracle.sequential_magnitude(truth[li].abs(), qh, kh, tok.v, g_t, beta_t,
+                                                          keep_states=False)
+            m = (torch.arange(T, device=dev)[None, :] < tok.accepted[:, None]).double()[..., None, None]
+            y_mag_norm = (y_mag * m).pow(2).sum((1, 3)).sqrt()
         S_next, y_true = sequential_decode(truth[li], tok, A64, dt64, scale)
         truth[li] = S_next
         new_hist, new_base = commits.caller_commit(hist, base, acc, fmin)
         new_hist = torch.where(live, new_hist, hist)
         new_base = torch.where(live, new_base, base)
-        record = (step % record_every == 0) or not bool((committed + acc < tokens).any())
+        # the launch's cursors and the committed ones, on the device once per step (not per arm)
+        idx_d, hist_d, base_d = (x.to(device=dev, dtype=torch.int32) for x in (idx, hist, base))
+        if record:
+            all_d, new_hist_d, new_base_d = (x.to(dev) for x in (idx_all, new_hist, new_base))
         for arm in arms:
             buf = bufs[arm]
             # a fresh copy per arm in its IO dtype (exact: the inputs are bf16 values)
             ca, cb, cq, ck, cv = (x.to(device=dev, dtype=buf["spec"].io, copy=True) for x in (a, b, q, k, v))
             target.launch(
                 arm, A_log=buf["A_log"], dt_bias=buf["dt_bias"], a=ca, b=cb, q=cq, k=ck, v=cv,
-                initial_state_source=buf["pool"], initial_state_indices=idx.to(torch.int32).to(dev),
+                initial_state_source=buf["pool"], initial_state_indices=idx_d,
                 k_cache=buf["k_cache"], u_cache=buf["u_cache"], g_cache=buf["g_cache"],
-                hist_len=hist.to(torch.int32).to(dev), cache_base=base.to(torch.int32).to(dev),
+                hist_len=hist_d, cache_base=base_d,
                 output=buf["output"], scale=scale, flush_min=fmin, restart_hist_on_flush=False)
             total_launches += 1
             if not record:
                 continue
             # ---- committed logical state rebuilt from the target's own buffers (M3), float64
             kw, uw, Gw, valid = ring_oracle.gather_window(buf["k_cache"], buf["u_cache"], buf["g_cache"],
-                                                          idx_all.to(dev), new_hist.to(dev), new_base.to(dev), HV)
-            S_rb, _, _ = ring_oracle.replay(buf["pool"][idx_all.to(dev)], kw, uw, Gw, valid, new_hist.to(dev))
+                                                          all_d, new_hist_d, new_base_d, HV)
+            S_rb, _, _ = ring_oracle.replay(buf["pool"][all_d], kw, uw, Gw, valid, new_hist_d)
             err = (S_rb - truth).pow(2).sum((-2, -1)).sqrt()
             rel = _rel(err, truth.pow(2).sum((-2, -1)).sqrt()).amax(1).cpu()  # [B], max over heads
             per_req_max[arm] = torch.maximum(per_req_max[arm], rel)
@@ -436,10 +444,8 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
             ser["state_med"].append(float(rel.median()))
             # ---- outputs of the accepted tokens
             yk = buf["output"][li].double()
-            n_acc = acc.to(dev)[li]
-            m = (torch.arange(T, device=dev)[None, :] < n_acc[:, None]).double()[..., None, None]
             ye = ((yk - y_true) * m).pow(2).sum((1, 3)).sqrt()
-            yr = _rel(ye, (y_mag * m).pow(2).sum((1, 3)).sqrt()).amax(1).cpu() if len(li) else torch.zeros(0)
+            yr = _rel(ye, y_mag_norm).amax(1).cpu() if len(li) else torch.zeros(0)
             if len(yr):
                 ser["y_max"].append(float(yr.max()))
                 ser["y_med"].append(float(yr.median()))
