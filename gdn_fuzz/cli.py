@@ -131,7 +131,8 @@ def cmd_run(args) -> int:
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                    warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings])
+                   findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings],
+                                  corpus_entry=None if f.entry_path is None else os.path.basename(f.entry_path))
                              for f in camp.findings.values()])
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)

@@ -460,8 +460,9 @@ def cmd_mutants(args) -> int:
     for n in names:
         get_mutant(n)  # unknown names fail before anything runs
     arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
+    rounds = args.round_examples or (4 if str(args.device).startswith("cuda") else 25)
     console.print(f"gdn-fuzz mutants: {len(names)} mutants, budget {args.budget:g}s each, seed {args.seed}, "
-                  f"{args.round_examples or (4 if str(args.device).startswith('cuda') else 25)} examples per round, "
+                  f"{rounds} examples per round, "
                   f"device {args.device}, arms {','.join(arms)}, properties {','.join(_P.REGISTRY)}")
 
     def one(r):
@@ -475,7 +476,6 @@ def cmd_mutants(args) -> int:
                           f"in {_fmt_t(r['t_detect'] if r['killed'] else r.get('t_run'))}; baseline "
                           f"{'killed' if r['baseline_killed'] else 'survived'}", markup=False)
 
-    rounds = args.round_examples or (4 if str(args.device).startswith("cuda") else 25)
     res = run_mutants(names, args.budget, args.seed, device=args.device, arms=arms, on_result=one,
                       round_examples=rounds)
     t = Table(title=f"mutation score (budget {args.budget:g}s per mutant, seed {args.seed}; times are wall "

@@ -46,8 +46,10 @@ def test_two_workers_share_one_corpus(tmp_path):
     assert [w["cuda_visible_devices"] for w in rec["workers"]] == ["0", "1"]
     assert [w["seed"] for w in rec["workers"]] == [0, 1]
     assert all(w["findings"] for w in rec["workers"]), "each worker finds the planted bug"
-    stored = [corpus.read(p) for p in corpus.entries(cdir)]  # every entry whole and readable
-    found = {(f["prop"], tuple(sorted(f["findings"]))) for w in rec["workers"] for f in w["findings"]}
-    assert stored and {e.prop for e in stored} == {p for p, _ in found}
-    assert len(stored) <= len(found)  # the same failure from two workers is stored once
+    stored = {p.name: corpus.read(p) for p in corpus.entries(cdir)}  # every entry whole and readable
+    reported = [f["corpus_entry"] for w in rec["workers"] for f in w["findings"]]
+    assert None not in reported and set(stored) == set(reported)  # nothing lost, nothing extra
+    # the entry is named by the failure's identity, so the same failure from both workers is one file
+    for name, e in stored.items():
+        assert name == e.filename()
     assert rec["totals"]["examples"] == sum(w["examples"] for w in rec["workers"])

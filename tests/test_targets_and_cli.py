@@ -105,15 +105,31 @@ def test_doctor_names_every_target(capsys):
 
 
 def test_run_warm_up_is_outside_the_budget(tmp_path):
-    """`gdn-fuzz run --warm-up` launches once per (arm, T, geometry, bucket) before the clock and
-    reports that time and its compiles apart from the measured budget."""
+    """warm_up() launches exactly one case per (arm, T, geometry, bucket) before the clock, counts
+    none of them as examples, and `gdn-fuzz run --warm-up` records its time and compiles apart."""
     import json
 
+    from gdn_fuzz.campaign import Campaign
     from gdn_fuzz.cli import main
+    from gdn_fuzz.properties import get_property
+
+    shapes = []
+
+    class Counting(Campaign):
+        def _check(self, prop, case):
+            shapes.append((case.arm, case.T, case.H, case.HV, case.B))
+            return super()._check(prop, case)
+
+    geoms, arms, Ts, buckets = ((1, 1), (1, 2)), ("bf16", "fp16"), (4, 8), (4, 8)
+    c = Counting(target=get_target("reference"), device="cpu", properties=[get_property("launch")], arms=arms, Ts=Ts,
+                 geometries=geoms, buckets=buckets, seed=0, isolate=False)
+    c.warm_up()
+    assert sorted(shapes) == sorted((a, T, H, HV, b) for a in arms for T in Ts for H, HV in geoms for b in buckets)
+    assert c.stats.examples == 0 and c.stats.launches == 0 and c.stats.warmup_s > 0
+    assert c.stats.elapsed < c.stats.warmup_s  # the budget's clock starts after the warm-up
 
     out = tmp_path / "c.json"
     assert main(["run", "--target", "reference", "--device", "cpu", "--arms", "bf16", "--T", "4", "--examples", "3",
                  "--warm-up", "--no-corpus", "--no-isolate", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["warmup_s"] > 0 and rec["warmup_compiles"] == 0  # the reference target never compiles
-    assert rec["examples"] >= 3
