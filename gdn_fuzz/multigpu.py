@@ -38,6 +38,14 @@ def parse_gpus(spec: str) -> list[str]:
     return gpus
 
 
+# Every option of `gdn-fuzz run`, by its argparse dest, that child_argv carries to the workers (or,
+# for gpus, that the parent consumes).  tests/test_multigpu.py fails when `run` gains an option
+# that is not here, so a new option is never silently dropped by --gpus.
+HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
+                                 "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
+                                 "gpus"})
+
+
 def child_argv(args, worker: int, json_path: str, record_path: str | None, corpus_dir: str | None) -> list[str]:
     """The `gdn-fuzz run` command line of one worker (the parent's options, minus --gpus)."""
     argv = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--device", args.device or "cuda",

@@ -53,3 +53,13 @@ def test_two_workers_share_one_corpus(tmp_path):
     for name, e in stored.items():
         assert name == e.filename()
     assert rec["totals"]["examples"] == sum(w["examples"] for w in rec["workers"])
+
+
+def test_every_run_option_reaches_the_workers():
+    """A new `gdn-fuzz run` option must be carried by child_argv (or consumed by the parent)."""
+    from gdn_fuzz.cli import build_parser
+    from gdn_fuzz.multigpu import HANDLED_RUN_OPTIONS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices["run"]
+    dests = {a.dest for a in sub._actions if a.dest != "help"}
+    assert dests == HANDLED_RUN_OPTIONS, f"not carried by --gpus: {dests - HANDLED_RUN_OPTIONS}"
