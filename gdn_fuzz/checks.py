@@ -13,6 +13,7 @@ landed, which row) are only looked up once a check has failed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -26,21 +27,68 @@ BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", 
 READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
 
 
+_NUM = re.compile(r"(?<![A-Za-z_\d.])(?:0x[0-9a-fA-F]+|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_PATH = re.compile(r"(?:/[\w.@+-]+)+")
+
+
+def normalize_message(text: str, limit: int = 160) -> str:
+    """An exception message reduced to what identifies it: its first non-empty line, file
+    paths as <path>, numbers (shapes, addresses, values) as #, whitespace collapsed."""
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    line = _PATH.sub("<path>", line)
+    line = _NUM.sub("#", line)
+    return re.sub(r"\s+", " ", line)[:limit]
+
+
+def raised(exc: BaseException | str, type_name: str | None = None) -> str:
+    """The outcome class of an exception: 'raised <Type>: <normalized message>'."""
+    if isinstance(exc, BaseException):
+        type_name, text = type(exc).__name__, str(exc)
+    else:
+        text = exc
+    msg = normalize_message(text)
+    return f"raised {type_name}" + (f": {msg}" if msg else "")
+
+
+# outcome classes of findings that are not exceptions
+OUT_OF_TOLERANCE = "out of tolerance"
+NON_FINITE = "non-finite"
+BITS_DIFFER = "bits differ"
+WRONG_VALUE = "wrong value"  # an exact integer or identity expectation (cursors, object identity)
+
+
 @dataclass
 class Finding:
-    """One way the target disagreed with the contract."""
+    """One way the target disagreed with the contract.
 
-    prop: str  # property name, e.g. "oracle.y"
-    clause: str  # contract clause id, e.g. "M4"
+    prop     the check id, e.g. "oracle.y", "writes.outside.u_cache", "guard.H6"
+    clause   the contract clause id, e.g. "M4"
+    outcome  the outcome class: raised <Type>: <normalized message> | out of tolerance |
+             non-finite | bits differ | wrong value | crash ... | hang
+    family   the route family where it tells bugs apart ("flush" / "verify" rows), else ""
+
+    signature() = check id, clause, outcome and family: two different bugs never share one,
+    the same bug found again (another seed, row, arm) does.  It keys deduplication, corpus
+    entries and known bugs.
+    """
+
+    prop: str
+    clause: str
     message: str
     row: int | None = None
     head: int | None = None
     value: float | None = None
     tol: float | None = None
+    outcome: str = ""
+    family: str = ""
+
+    def signature(self) -> str:
+        s = f"{self.prop} [{self.clause}] {self.outcome or WRONG_VALUE}"
+        return s + (f" ({self.family} rows)" if self.family else "")
 
     def key(self) -> tuple:
-        """What makes two findings 'the same failure' for deduplication."""
-        return (self.prop, self.clause)
+        """What makes two findings 'the same failure' for deduplication: the signature."""
+        return (self.signature(),)
 
     def __str__(self) -> str:
         where = "" if self.row is None else f" row {self.row}" + ("" if self.head is None else f" head {self.head}")
@@ -257,11 +305,13 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
     """
     case = obs.case
     if obs.error is not None:
-        return [Finding("launch", "H*", f"a legal case raised {type(obs.error).__name__}: {obs.error}")]
+        return [Finding("launch", "H*", f"a legal case raised {type(obs.error).__name__}: {obs.error}",
+                        outcome=raised(obs.error))]
     e = expectation(obs) if e is None else e
     findings: list[Finding] = []
     if obs.output is None:
-        findings.append(Finding("launch", "M8", "the entry point returned None instead of the output tensor"))
+        findings.append(Finding("launch.output", "M8", "the entry point returned None instead of the output tensor",
+                                outcome=WRONG_VALUE))
     tol = table_for(case.arm)
     if summary is None:
         summary = summarize(oracle_metrics(obs, e) if metrics is None else metrics)
@@ -278,7 +328,9 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
         else:
             what = ("non-finite values" if rel == float("inf") else "error / magnitude of its terms") + \
                 f" above the {case.arm} tolerance ({t.source}; atol {t.atol:.1e}/element)"
-        findings.append(Finding(f"oracle.{name}", CLAUSES[name], what, row=r, head=h, value=rel, tol=t.rtol))
+        findings.append(Finding(f"oracle.{name}", CLAUSES[name], what, row=r, head=h, value=rel, tol=t.rtol,
+                                outcome=NON_FINITE if rel == float("inf") else OUT_OF_TOLERANCE,
+                                family="flush" if bool(e.flush[r]) else "verify"))
     return findings
 
 
@@ -302,16 +354,18 @@ def check_writes(obs: Observation) -> list[Finding]:
     for (name, _, clause), c, bad in zip(masks, changed, flags):
         if bad:
             where = c.nonzero()[0].tolist()
-            findings.append(Finding("writes.outside", clause,
+            findings.append(Finding(f"writes.outside.{name}", clause,
                                     f"{name}{where} changed but lies outside the launch's write set "
-                                    f"({int(c.sum())} elements)"))
+                                    f"({int(c.sum())} elements)", outcome=BITS_DIFFER))
     for name, bad in zip(read_only, flags[len(masks):]):
         if bad:
-            findings.append(Finding("writes.inputs", "M8", f"read-only input {name} was modified"))
+            findings.append(Finding(f"writes.inputs.{name}", "M8", f"read-only input {name} was modified",
+                                    outcome=BITS_DIFFER))
     for name, bad in zip(cursors, flags[len(masks) + len(read_only):]):
         if bad:
-            findings.append(Finding("writes.cursors", "C1",
-                                    f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)"))
+            findings.append(Finding(f"writes.cursors.{name}", "C1",
+                                    f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)",
+                                    outcome=BITS_DIFFER))
     return findings
 
 

@@ -52,7 +52,8 @@ import random
 import torch
 
 from .case import RING_SLOTS, W_RING, Case, Row, materialize
-from .checks import BUFFERS, Finding, Observation, check_writes, observe, same_bits
+from .checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, check_writes, observe, raised,
+                     same_bits)
 from .oracles import ring as ring_oracle
 from .targets import Target
 
@@ -87,9 +88,11 @@ def _live(inputs: dict) -> torch.Tensor:
 def _failed(prop: str, obs: Observation, what: str = "a legal launch") -> list[Finding]:
     """A launch that raised or returned no output, as a finding (empty when it went fine)."""
     if obs.error is not None:
-        return [Finding(f"{prop}.launch", "H*", f"{what} raised {type(obs.error).__name__}: {obs.error}")]
+        return [Finding(f"{prop}.launch", "H*", f"{what} raised {type(obs.error).__name__}: {obs.error}",
+                        outcome=raised(obs.error))]
     if not isinstance(obs.output, torch.Tensor):
-        return [Finding(f"{prop}.launch", "M8", f"{what} returned {type(obs.output).__name__}, not the output tensor")]
+        return [Finding(f"{prop}.launch", "M8", f"{what} returned {type(obs.output).__name__}, not the output tensor",
+                        outcome=WRONG_VALUE)]
     return []
 
 
@@ -116,7 +119,7 @@ def _diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, mask: t
     row = row_of(first) if row_of is not None else first[0]
     head = first[head_dim] if head_dim is not None else None
     return [Finding(prop, clause, f"{what}: {n} element(s) differ in their bits, first at index {first}",
-                    row=row, head=head, value=_maxdiff(got, want, diff))]
+                    row=row, head=head, value=_maxdiff(got, want, diff), outcome=BITS_DIFFER)]
 
 
 def _y_diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, live: torch.Tensor,
@@ -259,7 +262,7 @@ def check_rw_disjoint(case: Case, device="cpu") -> list[Finding]:
     s, j = both.nonzero()[0].tolist()
     return [Finding("determinism.rw_disjoint", "R2",
                     f"pool slot {s} ring slot {j} is both read (a window) and written (an append) by this "
-                    f"launch ({int(both.sum())} such slots): its result depends on CTA order")]
+                    f"launch ({int(both.sum())} such slots): its result depends on CTA order", outcome=WRONG_VALUE)]
 
 
 def check_determinism(target: Target, case: Case, device="cpu") -> list[Finding]:
@@ -323,7 +326,8 @@ def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Findi
         return _failed("output_inplace", obs, "a launch with a contiguous output tensor")
     if obs.output is not buf:
         out.append(Finding("output_inplace.identity", "M8",
-                           "a contiguous [B, T, HV, V] IO-dtype output was not the object returned"))
+                           "a contiguous [B, T, HV, V] IO-dtype output was not the object returned",
+                           outcome=WRONG_VALUE))
     out += _diff("output_inplace.pad_rows", "M8", buf, pattern, ~live[:, None, None, None],
                  "a pad row's bytes in the caller's output changed (a pad row writes nothing)", head_dim=2)
     out += _y_diff("output_inplace.y_bits", "M8", buf, a.output, live,
@@ -339,10 +343,11 @@ def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Findi
     for tag, what, buf2, want in copy_paths:
         obs = _run(target, case, device, inputs, output=buf2)
         if obs.error is not None:
-            out += _failed("output_inplace", obs, f"a launch with {what}")
+            out += _failed(f"output_inplace.{tag}", obs, f"a launch with {what}")
             continue
         if obs.output is not buf2:
-            out.append(Finding(f"output_inplace.{tag}_identity", "M8", f"{what} was not the object returned"))
+            out.append(Finding(f"output_inplace.{tag}_identity", "M8", f"{what} was not the object returned",
+                               outcome=WRONG_VALUE))
         out += _y_diff(f"output_inplace.{tag}_y_bits", "M8", buf2, want, live,
                        f"y copied into {what} vs output=None")
     return out
