@@ -28,6 +28,7 @@ class Mutant:
     new: str
     doc: str
     base: str = "reference"  # "reference" | "production"
+    scored: bool = True  # False: a study shows it, no property can (see the note above the catalogue)
 
 
 CATALOGUE: dict[str, Mutant] = {}
@@ -121,11 +122,21 @@ def get_mutant(name: str) -> Mutant:
         raise ValueError(f"mutant={name!r} is not in the catalogue; known: {', '.join(sorted(CATALOGUE))}") from None
 
 
+# Retired (issue 14): softplus_threshold, softplus with torch's threshold 20, which keeps g
+# finite for a + dt_bias >= 88.7 where the released kernel overflows to -inf.  N2 documents a
+# hazard of the released kernel, not a requirement: that edit computes the gate correctly, and
+# a property may fail only on a contract violation.
+#
+# Not scored (scored=False): edits that break an N3 rounding point but stay inside the oracle's
+# tolerance, so that no single value can show the violation (a bf16-valued fp16 record is a
+# legal single rounding of some f32 value).  Only the statistical rounding-pattern measurement
+# of `gdn-fuzz precision --targets mutant:NAME` shows them; the properties cannot, by design.
+
 # ------------------------------------------------------------------ the mutation-score catalogue
 # One small realistic bug each, as an edit of the reference target.  Each doc says the bug,
 # the clause it breaks, the input that exposes it and, where one exists, the shipped bug of
 # docs/replayssm-serving.md ("Bugs these projects hit") it mirrors.  `prop` is the
-# Finding.prop prefix expected to kill it; guard.*, commit.*, precision.* and extremes.* are
+# Finding.prop prefix expected to kill it; guard.*, commit.* and extremes.* are
 # the properties of gdn_fuzz.mutation.  tests/test_mutants.py holds, per mutant, a hand-picked
 # input on which it differs from the reference (none is equivalent).
 _AP = "aslots = (base[:, None] + P[:, None] + torch.arange(Tq, device=dev)[None, :]) & RING_MASK"
@@ -214,11 +225,6 @@ register(
            "window keys read from k-head hv % H instead of hv // G (interleaved instead of grouped GQA "
            "mapping).  Exposed by H >= 2, G >= 2 and a row with P >= 1."),
     # ---- gating math (M1, M2, N2)
-    Mutant("softplus_threshold", "N2", "extremes.g",
-           "torch.log1p(torch.exp(x))", "torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))",
-           "softplus with torch's threshold 20 (the kernel has none).  For 20 < x < 88.7 the two agree to "
-           "f32 resolution; only a + dt_bias >= 88.7 tells them apart (g finite instead of -inf, N2).  "
-           "Exposed by a gate logit of ~120."),
     Mutant("beta_no_sigmoid", "M1", "oracle.y",
            "beta = torch.sigmoid(b.float())", "beta = b.float()",
            "beta = b instead of sigmoid(b).  Exposed by any non-pad row."),
@@ -226,15 +232,16 @@ register(
            "q_hat = (_l2n(q) * scale)", "q_hat = (_l2n(q))",
            "the 1/sqrt(K) scale is not applied to q_hat.  Exposed by any non-pad row."),
     # ---- precision of stored records (N3)
-    Mutant("u_stored_io", "N3", "precision.u",
+    Mutant("u_stored_io", "N3", "study:precision.u",
            "U = torch.stack(Us, 1).to(u_cache.dtype)", "U = torch.stack(Us, 1).to(q.dtype).to(u_cache.dtype)",
            "U is rounded to IO before it is stored in the RING dtype: on the bf16-IO/fp16-ring arms the u "
            "records lose 3 mantissa bits (bf16 through an fp16 ring); other arms are unaffected.  Within "
-           "the oracle's u tolerance (4 u(IO)), so only a rounding-point check sees it."),
-    Mutant("fold_double_rounding", "N3", "precision.fold",
+           "the oracle's u tolerance (4 u(IO)): only the rounding-pattern study sees it.", scored=False),
+    Mutant("fold_double_rounding", "N3", "study:precision.fold",
            "    fold = S.to(h0.dtype)", "    fold = S.to(q.dtype).to(h0.dtype)",
            "the folded checkpoint is rounded twice, to IO then to STATE: on the bf16-IO/fp16-state arms "
-           "the state loses 3 mantissa bits.  Exposed by a flush row on those arms."),
+           "the state loses 3 mantissa bits.  Within the fold tolerance (3 u(max(STATE, RING)), a "
+           "Frobenius norm over 16,384 values): only the rounding-pattern study sees it.", scored=False),
     # ---- commit arithmetic (C2): the standalone commit at the end of the entry point
     Mutant("commit_base_slides_verify", "C2", "commit.cursors",
            "cache_base.copy_((cache_base + hist_len * flushed) & (RING_SLOTS - 1))",

@@ -14,7 +14,7 @@ mutant, `run_mutants` runs
     and the size of the shrunk Case (non-pad rows, length of its JSON).  Mutants whose
     expected property is "crash" kill the process they run in, so they run with
     isolate=True, i.e. in a worker process; workers only know the properties that importing
-    gdn_fuzz.properties registers, so those campaigns leave out the four registered here.
+    gdn_fuzz.properties registers, so those campaigns leave out the three registered here.
 (b) the example-based baseline (gdn_fuzz.baseline): a few fixed cases per arm against an
     fp32 sequential reference with FlashInfer's absolute tolerances.  Killed when any of its
     checks fails or a launch raises.
@@ -25,25 +25,21 @@ guards      H4, H6, H9-H11, H13, H14: the target is called with illegal inputs (
             flush_min = 0 and 18 - T, hist_len 17 and -1 and cache_base 32 and None with
             restart_hist_on_flush=True, q/k/v/a/b in the other IO dtype, an fp32 pool, an fp32
             u ring, int64 hist_len) and must raise the exception type the reference target
-            raises for the same call.  Finding prop "guard.<clause>".
+            raises for the same call.  Finding prop "guard.<clause>.<scenario>".
 commit      C2: with restart_hist_on_flush=True (pad rows given in-range cursors, since the
             host commits them too), the cursors after the call equal
             oracles.commit.standalone_commit of the cursors before, and y and every buffer are
             bitwise those of the same launch with restart_hist_on_flush=False (the commit runs
-            after the launch).  Finding prop "commit.cursors" / "commit.launch_bits".
-precision   N3 rounding points the oracle tolerance cannot resolve: on arms with bf16 IO and
-            an fp16 RING the appended u records, and on arms with bf16 IO and fp16 STATE the
-            folded checkpoints, are rounded once from f32, so about 1/8 of their normal fp16
-            values have the low 3 mantissa bits zero; a record rounded through bf16 first has
-            them all zero.  Finding when >= 3/4 of at least 128 values do ("precision.u",
-            "precision.fold").  Only u records that are sums of several IO-rounded products
-            count: N3 rounds R to IO, and U_t = R_t exactly when the triangular solve has
-            nothing to subtract (t = 0, a zero key, or only zero keys before it), so those
-            records are IO values by the contract (the H200 run of 2026-11-29 showed 80% of
-            such a case's records with the bf16 pattern before this exclusion).
-extremes    N2: a gate logit a + dt_bias >= 88.7 (here ~120, on v-head 0 of every token)
-            overflows softplus without a threshold, so every appended g of that head is
-            -inf or NaN.  Finding "extremes.g" when one is finite.
+            after the launch).  Finding prop "commit.cursors.<name>" / "commit.launch_bits.<buffer>".
+extremes    N2 as containment: a gate logit a + dt_bias ~ 120 on v-head 0; that head may match the
+            float64 oracle or show the documented non-finite outcome, everything else must match
+            the oracle and the write set.  Finding prop "extremes.oracle.<output>" / "extremes.writes.*".
+
+Not a property any more: the rounding-point ("precision") check.  It counted fp16 values whose
+low 3 mantissa bits are zero and failed above 3/4.  No single element can show a violation of
+N3 (a bf16-valued u record is a legal single rounding of some f32 value; U = R exactly when the
+solve has nothing to subtract), so the rule was a statistical hunch and raised false alarms on
+correct code (issue 14).  The measurement lives on in `gdn-fuzz precision` (rounding_pattern).
 
 Timings depend on the machine and its load; the CLI prints them as measured.
 """
@@ -63,12 +59,13 @@ import torch
 from . import properties as _P
 from .arms import ARM_NAMES, get_arm
 from .case import Case, materialize
-from .checks import Finding, observe, same_bits
+from .checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, expectation, observe,
+                     oracle_metrics, raised, same_bits)
 from .mutants import CATALOGUE, get_mutant
 from .oracles import commit as commits
 from .targets import Target, get_target
 
-OWN_PROPERTIES = ("guards", "commit", "precision", "extremes")
+OWN_PROPERTIES = ("guards", "commit", "extremes")
 _OTHER_IO = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
 
 
@@ -96,7 +93,7 @@ def _append_slots(inputs: dict, T: int) -> torch.Tensor:
 
 
 def _guard_scenarios(case: Case, device):
-    """(name, clause, kwargs) of illegal calls derived from the case (each with fresh tensors)."""
+    """(id, description, clause, kwargs) of illegal calls derived from the case (fresh tensors each)."""
     T = case.T
     base = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
     io = base["q"].dtype
@@ -108,21 +105,23 @@ def _guard_scenarios(case: Case, device):
 
     out = []
     t6 = dataclasses.replace(case, T=6, flush_min=None, restart_hist_on_flush=False)
-    out.append(("T=6", "H13", materialize(t6, device)))
-    out.append(("flush_min=0", "H14", kw(flush_min=0)))
-    out.append((f"flush_min={18 - T} (17 - T + 1)", "H14", kw(flush_min=18 - T)))
-    for name, val in (("hist_len", 17), ("hist_len", -1), ("cache_base", 32)):
+    out.append(("T", "T=6", "H13", materialize(t6, device)))
+    out.append(("flush_min_zero", "flush_min=0", "H14", kw(flush_min=0)))
+    out.append(("flush_min_cap", f"flush_min={18 - T} (17 - T + 1)", "H14", kw(flush_min=18 - T)))
+    for sid, name, val in (("hist_len_high", "hist_len", 17), ("hist_len_negative", "hist_len", -1),
+                           ("cache_base_high", "cache_base", 32)):
         d = kw(restart_hist_on_flush=True)
         d[name][0] = val
-        out.append((f"{name}[0]={val} with restart_hist_on_flush=True", "H11", d))
-    out.append(("cache_base=None with restart_hist_on_flush=True", "H11",
+        out.append((sid, f"{name}[0]={val} with restart_hist_on_flush=True", "H11", d))
+    out.append(("cache_base_none", "cache_base=None with restart_hist_on_flush=True", "H11",
                 kw(restart_hist_on_flush=True, cache_base=None)))
     for name in ("q", "k", "v", "a", "b"):
-        out.append((f"{name} in {_OTHER_IO[io]} (module IO {io})", "H6", kw(**{name: base[name].to(_OTHER_IO[io])})))
-    out.append(("initial_state_source in float32", "H4",
+        out.append((f"{name}_dtype", f"{name} in {_OTHER_IO[io]} (module IO {io})", "H6",
+                    kw(**{name: base[name].to(_OTHER_IO[io])})))
+    out.append(("state_dtype", "initial_state_source in float32", "H4",
                 kw(initial_state_source=base["initial_state_source"].float())))
-    out.append(("u_cache in float32", "H9", kw(u_cache=base["u_cache"].float())))
-    out.append(("hist_len in int64", "H10", kw(hist_len=base["hist_len"].long())))
+    out.append(("u_cache_dtype", "u_cache in float32", "H9", kw(u_cache=base["u_cache"].float())))
+    out.append(("hist_len_dtype", "hist_len in int64", "H10", kw(hist_len=base["hist_len"].long())))
     return out
 
 
@@ -131,34 +130,45 @@ def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
 
     The expectation is what the reference target raises for the very same call (a scenario
     the reference accepts is skipped), so the property follows the reference's host checks.
+    The contract fixes the exception type and the clause, not the wording: messages are
+    reported, never compared.  Check id guard.<clause>.<scenario>.
     """
     ref = get_target("reference")
     out = []
-    for name, clause, kwargs in _guard_scenarios(case, device):
+    for sid, name, clause, kwargs in _guard_scenarios(case, device):
         _, want = _call(ref, case.arm, _clone(kwargs))
         if want is None:
             continue
         _, got = _call(target, case.arm, kwargs)
         if got is None:
-            out.append(Finding(f"guard.{clause}", clause, f"illegal call ({name}) returned normally; the reference "
-                               f"raises {type(want).__name__}: {str(want)[:120]}"))
+            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) returned normally; the "
+                               f"reference raises {type(want).__name__}: {str(want)[:120]}",
+                               outcome="returned normally"))
         elif type(got) is not type(want):
-            out.append(Finding(f"guard.{clause}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
-                               f"{str(got)[:120]}; the reference raises {type(want).__name__}"))
+            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
+                               f"{str(got)[:120]}; the reference raises {type(want).__name__}",
+                               outcome=raised(got)))
     return out
 
 
 # ------------------------------------------------------------------ commit (C2)
 
 
-def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
-    """C2: the standalone commit of restart_hist_on_flush=True, pad rows included, and nothing else."""
+def commit_inputs(case: Case, device="cpu") -> dict:
+    """The launch check_commit runs: the case's tensors with restart_hist_on_flush=False, and
+    pad rows given in-range cursors drawn from the seed (the host commits them too, C2)."""
     rng = random.Random(f"{case.seed}:commit")
     inputs = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
-    for i, r in enumerate(case.rows):  # pad rows get in-range cursors: the host commits them too (C2)
+    for i, r in enumerate(case.rows):
         if r.pad:
             inputs["hist_len"][i] = rng.choice([case.fmin, 16, rng.randint(0, 16)])
             inputs["cache_base"][i] = rng.randrange(32)
+    return inputs
+
+
+def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """C2: the standalone commit of restart_hist_on_flush=True, pad rows included, and nothing else."""
+    inputs = commit_inputs(case, device)
     before = _clone(inputs)
     a = observe(target, case, device, inputs=_clone(inputs))
     case_r = dataclasses.replace(case, restart_hist_on_flush=True)
@@ -166,85 +176,34 @@ def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
     for obs, tag in ((a, "restart_hist_on_flush=False"), (b, "restart_hist_on_flush=True")):
         if obs.error is not None:
             return [Finding("commit.launch", "H*", f"a legal launch ({tag}) raised {type(obs.error).__name__}: "
-                            f"{obs.error}")]
+                            f"{obs.error}", outcome=raised(obs.error))]
     want_len, want_base = commits.standalone_commit(before["hist_len"], before["cache_base"], case.fmin)
+    idx = before["initial_state_indices"].long().tolist()
+    P0 = before["hist_len"].long().tolist()
     out = []
     for name, want in (("hist_len", want_len), ("cache_base", want_base)):
         got = b.after[name].long()
         bad = (got != want.to(got.device)).nonzero().flatten().tolist()
         if bad:
             r = bad[0]
-            out.append(Finding("commit.cursors", "C2",
+            kind = "pad" if idx[r] < 0 else ("flush" if P0[r] >= case.fmin else "verify")
+            out.append(Finding(f"commit.cursors.{name}", "C2",
                                f"{name} after the in-place commit is {got[r].item()}, expected {int(want[r])} "
                                f"(P={int(before['hist_len'][r])}, base={int(before['cache_base'][r])}, "
-                               f"flush_min={case.fmin}, {case.row_kind(case.rows[r])} row; {len(bad)} rows differ)",
-                               row=r))
+                               f"flush_min={case.fmin}, {kind} row; {len(bad)} rows differ)",
+                               row=r, outcome=WRONG_VALUE, family=kind))
     live = inputs["initial_state_indices"].long() >= 0
     if isinstance(a.output, torch.Tensor) and isinstance(b.output, torch.Tensor):
         d = ~same_bits(a.output, b.output) & live[:, None, None, None]
         if bool(d.any()):
-            out.append(Finding("commit.launch_bits", "C2", "y of a live row differs between restart_hist_on_flush "
+            out.append(Finding("commit.launch_bits.y", "C2", "y of a live row differs between restart_hist_on_flush "
                                "True and False (the commit must run after the launch)",
-                               row=int(d.nonzero()[0, 0])))
+                               row=int(d.nonzero()[0, 0]), outcome=BITS_DIFFER))
     for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
         if not bool(same_bits(a.after[name], b.after[name]).all()):
-            out.append(Finding("commit.launch_bits", "C2", f"{name} after differs between restart_hist_on_flush "
-                               "True and False (the commit must touch nothing but the cursors)"))
-    return out
-
-
-# ------------------------------------------------------------------ precision (N3)
-
-
-def _bf16_fraction(x: torch.Tensor) -> tuple[float, int]:
-    """(fraction of normal fp16 values whose low 3 mantissa bits are zero, count of normal values)."""
-    x = x.reshape(-1)
-    normal = torch.isfinite(x) & (x.abs() >= 2.0**-14)
-    n = int(normal.sum())
-    if n == 0:
-        return 0.0, 0
-    low = (x.view(torch.int16) & 7) == 0
-    return float((low & normal).sum()) / n, n
-
-
-def check_precision(target: Target, case: Case, device="cpu", *, min_values: int = 128,
-                    max_fraction: float = 0.75) -> list[Finding]:
-    """N3: u records (fp16 RING under bf16 IO) and folds (fp16 STATE under bf16 IO) rounded once."""
-    arm = get_arm(case.arm)
-    want_u = arm.io == torch.bfloat16 and arm.ring == torch.float16
-    want_fold = arm.io == torch.bfloat16 and arm.state == torch.float16
-    if not (want_u or want_fold):
-        return []
-    obs = observe(target, case, device)
-    if obs.error is not None:
-        return [Finding("precision.launch", "H*", f"a legal launch raised {type(obs.error).__name__}: {obs.error}")]
-    idx = obs.before["initial_state_indices"].long()
-    live = idx >= 0
-    P = obs.before["hist_len"].long()
-    out = []
-    if want_u and bool(live.any()):
-        sl = _append_slots(obs.before, case.T)[live]  # [n, T]
-        rows = idx[live][:, None].expand_as(sl)
-        u = obs.after["u_cache"].permute(0, 2, 1, 3)[rows, sl]  # [n, T, HV, V]
-        # N3: R is rounded to IO and U_t = R_t - sum_{s<t} L[t, s] U_s with L[t, s] ~ k_t . k_s, so
-        # U_t is an IO value whenever nothing is subtracted: t = 0, k_t = 0, or k_s = 0 for all s < t
-        nz = obs.before["k"][live].float().abs().sum(-1) > 0  # [n, T, H]
-        nz = nz.repeat_interleave(case.HV // case.H, dim=2)  # [n, T, HV]
-        earlier = (torch.cumsum(nz.int(), dim=1) - nz.int()) > 0
-        u = u[nz & earlier]  # [m, V]: the records that are sums of several rounded products
-        frac, n = _bf16_fraction(u)
-        if n >= min_values and frac >= max_fraction:
-            out.append(Finding("precision.u", "N3", f"{frac:.0%} of {n} appended u values (fp16 RING) have their low "
-                               "3 mantissa bits zero (~12% expected): the records went through bf16 before the ring",
-                               value=frac, tol=max_fraction))
-    flush = live & (P >= case.fmin)
-    if want_fold and bool(flush.any()):
-        f = obs.after["initial_state_source"][idx[flush]]
-        frac, n = _bf16_fraction(f)
-        if n >= min_values and frac >= max_fraction:
-            out.append(Finding("precision.fold", "N3", f"{frac:.0%} of {n} folded state values (fp16 STATE) have "
-                               "their low 3 mantissa bits zero (~12% expected): the fold was rounded through bf16",
-                               value=frac, tol=max_fraction))
+            out.append(Finding(f"commit.launch_bits.{name}", "C2", f"{name} after differs between "
+                               "restart_hist_on_flush True and False (the commit must touch nothing but the cursors)",
+                               outcome=BITS_DIFFER))
     return out
 
 
@@ -253,28 +212,40 @@ def check_precision(target: Target, case: Case, device="cpu", *, min_values: int
 EXTREME_LOGIT = 120.0  # a on v-head 0: a + dt_bias >> 88.7, where e^x overflows f32
 
 
-def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
-    """N2: with no softplus threshold, a + dt_bias >= 88.7 gives g = -inf: every appended g of
-    that head is -inf or NaN (the kernel's documented behaviour, not a finite softplus)."""
+def extreme_inputs(case: Case, device="cpu") -> dict:
+    """The launch check_extremes runs: the case's tensors with a = 120 on v-head 0, every token."""
     inputs = materialize(case, device)
     inputs["a"][:, :, 0] = EXTREME_LOGIT
+    return inputs
+
+
+def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """N2, as containment: a gate logit a + dt_bias ~ 120 on v-head 0 (every token) is outside
+    what the released kernel computes exactly (no softplus threshold: g = -inf there, then NaN).
+
+    The contract allows either outcome for that head: y, the u records and the g records of
+    v-head 0 match the float64 oracle within the arm's tolerance, OR they are non-finite (the
+    documented overflow).  Nothing else may suffer: every other head's outputs and records,
+    the k records (N2: the k ring is unaffected) and the folded checkpoints (M7: the fold reads
+    only the window, not this launch's gates) match the oracle, and nothing outside the write
+    set changes (M8).  A finite value of head 0 that matches neither is a finding, and so is
+    any damage elsewhere.  Check ids extremes.oracle.<output>, extremes.writes.*.
+    """
+    inputs = extreme_inputs(case, device)
     obs = observe(target, case, device, inputs=inputs)
     if obs.error is not None:
         return [Finding("extremes.launch", "H*", f"a launch with a + dt_bias ~ {EXTREME_LOGIT:g} raised "
-                        f"{type(obs.error).__name__}: {obs.error}")]
-    idx = obs.before["initial_state_indices"].long()
-    live = idx >= 0
-    if not bool(live.any()):
-        return []
-    sl = _append_slots(obs.before, case.T)[live]
-    g = obs.after["g_cache"][idx[live][:, None].expand_as(sl), 0, sl]  # [n, T] head 0
-    fin = torch.isfinite(g)
-    if bool(fin.any()):
-        r = int(live.nonzero().flatten()[fin.any(1).nonzero()[0, 0]])
-        return [Finding("extremes.g", "N2", f"with a + dt_bias ~ {EXTREME_LOGIT:g} on v-head 0 the appended g is "
-                        f"finite ({float(g[fin][0]):.4g}); without a softplus threshold it is -inf (N2)",
-                        row=r, head=0)]
-    return []
+                        f"{type(obs.error).__name__}: {obs.error}", outcome=raised(obs.error))]
+    e = expectation(obs)
+    metrics = oracle_metrics(obs, e)
+    for name in ("y", "u", "g"):  # v-head 0: the documented non-finite outcome is allowed (N2)
+        m = metrics[name]
+        m.ratio[:, 0] = torch.where(torch.isinf(m.rel[:, 0]), torch.zeros_like(m.ratio[:, 0]), m.ratio[:, 0])
+    out = []
+    for f in check_oracle(obs, e, metrics) + check_writes(obs):
+        out.append(dataclasses.replace(f, prop=f"extremes.{f.prop}", message=(
+            f"with a + dt_bias ~ {EXTREME_LOGIT:g} on v-head 0: " + f.message)))
+    return out
 
 
 def _register() -> None:
@@ -283,9 +254,8 @@ def _register() -> None:
          check_guards),
         ("commit", "C2", "restart_hist_on_flush=True commits cursors as standalone_commit (pad rows included) "
          "and changes nothing else", check_commit),
-        ("precision", "N3", "u records (fp16 ring) and folds (fp16 state) under bf16 IO are rounded once from "
-         "f32, not through bf16", check_precision),
-        ("extremes", "N2", "a + dt_bias >= 88.7 gives -inf g appends (no softplus threshold)", check_extremes),
+        ("extremes", "N2", "a + dt_bias ~ 120 on one head: that head matches the oracle or is non-finite (N2); "
+         "nothing else changes", check_extremes),
     ):
         _P.register(_P.Property(name=name, clauses=clauses, doc=doc, strategy=_P._cases, check=check))
 
@@ -320,7 +290,7 @@ def _timed_campaign(**kw):
 
 
 def reference_mutants() -> list[str]:
-    return [n for n, m in CATALOGUE.items() if m.base == "reference"]
+    return [n for n, m in CATALOGUE.items() if m.base == "reference" and m.scored]
 
 
 def production_mutants() -> list[str]:

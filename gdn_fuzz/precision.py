@@ -6,6 +6,14 @@ the tolerance table bounds).  Hypothesis' targeted phase then mutates the struct
 the value regime toward larger errors.  The result records, per target, arm, T and output,
 the largest error seen, how close it came to the tolerance (ratio) and the Case that
 produced it: this is the evidence behind gdn_fuzz.tolerances.
+
+It also measures the rounding pattern of stored records (rounding_pattern): on arms whose
+RING (u records) or STATE (folds) is fp16 under bf16 IO, the share of normal fp16 values whose
+low 3 mantissa bits are zero.  A value rounded once from f32 has them zero about 1/8 of the
+time in generic cases; a value rounded through bf16 first always does.  This is a measurement,
+not a verdict: no single value can show a violation of N3 (U = R exactly, a bf16 value, when
+the triangular solve has nothing to subtract; any bf16 value is a legal rounding of some f32),
+so it was taken out of the properties (issue 14: it raised false alarms on correct code).
 """
 
 from __future__ import annotations
@@ -15,8 +23,40 @@ import time
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, target as htarget
 
+import torch
+
+from .arms import get_arm
 from .checks import observe, oracle_metrics
 from .tolerances import table_for
+
+
+def _low3_zero(x: torch.Tensor) -> tuple[int, int]:
+    """(values whose low 3 mantissa bits are zero, normal values) of an fp16 tensor."""
+    x = x.reshape(-1)
+    normal = torch.isfinite(x) & (x.abs() >= 2.0**-14)
+    low = (x.view(torch.int16) & 7) == 0
+    return int((low & normal).sum()), int(normal.sum())
+
+
+def rounding_pattern(obs) -> dict:
+    """{"u": (zero-low-3, normal), "fold": (...)} of the appended u records (fp16 RING under bf16
+    IO) and the folded checkpoints (fp16 STATE under bf16 IO) of one launch; absent keys: the
+    arm has no such rounding point."""
+    arm = get_arm(obs.case.arm)
+    out = {}
+    if arm.io != torch.bfloat16:
+        return out
+    idx = obs.before["initial_state_indices"].long()
+    live = idx >= 0
+    if arm.ring == torch.float16 and bool(live.any()):
+        base, P = obs.before["cache_base"].long(), obs.before["hist_len"].long()
+        sl = ((base[:, None] + P[:, None] + torch.arange(obs.case.T, device=base.device)[None, :]) & 31)[live]
+        u = obs.after["u_cache"].permute(0, 2, 1, 3)[idx[live][:, None].expand_as(sl), sl]
+        out["u"] = _low3_zero(u)
+    flush = live & (obs.before["hist_len"].long() >= obs.case.fmin)
+    if arm.state == torch.float16 and bool(flush.any()):
+        out["fold"] = _low3_zero(obs.after["initial_state_source"][idx[flush]])
+    return out
 
 
 def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, seed: int = 0,
@@ -41,6 +81,10 @@ def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, s
                     obs = observe(t, case, device)
                     if obs.error is not None:
                         raise obs.error
+                    rp = cells[str(t)].setdefault("rounding", {})
+                    for name, (zero, n) in rounding_pattern(obs).items():
+                        z0, n0 = rp.get(name, (0, 0))
+                        rp[name] = (z0 + zero, n0 + n)
                     for name, m in oracle_metrics(obs).items():
                         if not bool(m.live.any()):
                             continue

@@ -289,11 +289,14 @@ def _compute_and_store(*, q, k, v, a, b, A_log, dt_bias, h0, idx, k_cache, u_cac
     S = torch.exp(GP)[..., None, None] * S0 + torch.einsum("bhjv,bhjk->bhvk", wu, kw)
     fold = S.to(h0.dtype)
 
-    # M4 drafts, sequential form, f32
+    # M4 drafts, sequential form, f32.  N2: the kernel's WY form weighs token c by e^{G_t - G_c} for
+    # c <= t, the diagonal included, so a -inf G (softplus overflow) gives NaN there, not a zero
+    # decay: `own` (1, or NaN where G_t = -inf) carries that into U and y as the kernel documents.
     ys, Us = [], []
     for t in range(Tq):
+        own = torch.exp(Gam[:, t] - Gam[:, t])[..., None]  # [B, HV, 1]
         S = torch.exp(g[:, t])[..., None, None] * S
-        U = beta[:, t, :, None] * (v[:, t].float() - torch.einsum("bhvk,bhk->bhv", S, k_hat[:, t]))
+        U = own * beta[:, t, :, None] * (v[:, t].float() - torch.einsum("bhvk,bhk->bhv", S, k_hat[:, t]))
         S = S + U[..., :, None] * k_hat[:, t, :, None, :]
         ys.append(torch.einsum("bhvk,bhk->bhv", S, q_hat[:, t]))
         Us.append(U)
