@@ -1,9 +1,22 @@
 """Fuzz campaigns: Hypothesis runs in rounds until a time or example budget is spent.
 
-Each round is one Hypothesis run of `round_examples` examples per property with its own
-seed (derived from the campaign seed), so a budget can stop the campaign between rounds
-and every failure is shrunk by Hypothesis before it is recorded.  Findings are
-deduplicated by (property, clause, finding kind); the shrunk Case of each is kept.
+Each round is one Hypothesis run of `round_examples` examples of one property with its own
+seed (derived from the campaign seed).  Failures are told apart by their signature
+(checks.Finding.signature: check id, clause, outcome class, route family), and the test body
+raises one exception class per signature, so Hypothesis' own notion of distinct bugs
+(exception type + origin) separates them: each is shrunk on its own and reported together
+(report_multiple_bugs).
+
+Known bugs are expected outcomes, not blindfolds: a finding whose signature is known (an
+`open` corpus entry of this target, or a bug this campaign already found) is counted and
+listed, and the body does not raise for it, so the search in that property goes on for other
+signatures.  A launch that shows a known and a new signature fails on the new one.
+
+Budgets are kept while a failure is being shrunk: once the time or example budget is spent,
+the body launches nothing more; a case already seen failing fails again the same way (so
+Hypothesis' final replay of its best case is consistent) and every other case passes at once,
+which ends shrinking with the best case so far.  Each finding records when its first failing
+example was seen (campaign seconds, examples before it) and how long shrinking took.
 
 warm_up() (optional, before run()) launches one legal Case per (arm, T, geometry, bucket)
 so that every JIT compile is paid outside the measured time; it restarts the clock and
@@ -15,9 +28,11 @@ fast on a GPU, bits device-dependent); the default "cpu" keeps device-independen
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from dataclasses import dataclass, field
 
@@ -30,11 +45,52 @@ from .targets import Target
 
 
 class PropertyFailed(AssertionError):
-    """Raised inside the Hypothesis test body so Hypothesis shrinks the failing Case."""
+    """Raised inside the Hypothesis test body so Hypothesis shrinks the failing Case.
 
-    def __init__(self, case: Case, findings: list[Finding]):
+    Each signature gets its own subclass (failure_class), so Hypothesis keeps failures with
+    different signatures apart."""
+
+    signature: str = ""
+
+    def __init__(self, case: Case, findings: list[Finding], signature: str = ""):
         self.case, self.findings = case, findings
-        super().__init__("\n".join([case.describe()] + [str(f) for f in findings]))
+        self.signature = signature or type(self).signature
+        super().__init__("\n".join([f"signature: {self.signature}", case.describe()] + [str(f) for f in findings]))
+
+
+_FAILURE_CLASSES: dict[str, type] = {}
+
+
+def failure_class(signature: str) -> type:
+    """The PropertyFailed subclass of one signature (one per process, made on first use)."""
+    cls = _FAILURE_CLASSES.get(signature)
+    if cls is None:
+        tag = hashlib.sha256(signature.encode()).hexdigest()[:10]
+        cls = type(f"PropertyFailed_{tag}", (PropertyFailed,), {"signature": signature})
+        _FAILURE_CLASSES[signature] = cls
+    return cls
+
+
+def _failures(exc: BaseException) -> list[PropertyFailed]:
+    """Our failures inside what Hypothesis raised (one, an ExceptionGroup of several, or a
+    Flaky group wrapping them)."""
+    if isinstance(exc, PropertyFailed):
+        return [exc]
+    out = []
+    for sub in getattr(exc, "exceptions", ()) or ():
+        out += _failures(sub)
+    return out
+
+
+def _foreign(exc: BaseException) -> bool:
+    """True when what Hypothesis raised holds an exception that is not one of our failures
+    (an error in a check itself): that must surface, not be filed as a finding."""
+    if isinstance(exc, PropertyFailed):
+        return False
+    subs = getattr(exc, "exceptions", None)
+    if not subs:
+        return True
+    return any(_foreign(x) for x in subs)
 
 
 @dataclass
@@ -42,11 +98,24 @@ class CampaignFinding:
     prop: str
     case: Case
     findings: list[Finding]
+    signature: str = ""
     entry_path: object = None  # corpus file, when written
     entry_new: bool = False  # False: the corpus already held this failure
+    first_t: float | None = None  # campaign seconds at the first failing example of this signature
+    first_examples: int | None = None  # examples checked before it
+    shrink_s: float | None = None  # seconds from the first failing example to the end of its round
+    shrunk: bool = True  # False: the budget (or an interrupt) ended shrinking early; best case so far
+    flaky: bool = False  # Hypothesis could not reproduce it on replay
 
-    def key(self) -> tuple:
-        return (self.prop,) + tuple(sorted({f.key() for f in self.findings}))
+    def key(self) -> str:
+        return self.signature
+
+    def to_record(self) -> dict:
+        return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
+                    findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
+                    examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
+                    flaky=self.flaky,
+                    corpus_entry=None if self.entry_path is None else Path(self.entry_path).name)
 
 
 @dataclass
@@ -86,12 +155,20 @@ class Campaign:
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
     draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
+    known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
     stats: CampaignStats = field(default_factory=CampaignStats)
-    findings: dict = field(default_factory=dict)  # key -> CampaignFinding
+    findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
+    known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
+    repeats: Counter = field(default_factory=Counter)  # signature found earlier in this run -> examples again
+    interrupted: bool = False
 
     def __post_init__(self):
         self._worker = None
         self._records = open(self.record_path, "a") if self.record_path else None
+        self._deadline = None  # (seconds, examples) of the running budget
+        self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
+        self._seen: dict = {}  # (prop, case JSON) -> the failure raised for it (budget-end replays)
+        self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
             from .isolation import Worker
 
@@ -136,68 +213,147 @@ class Campaign:
             return
         from . import corpus
 
-        f.entry_path, f.entry_new = corpus.write(corpus.make_entry(f.prop, f.case, f.findings, self.target.name),
-                                                 self.corpus_dir)
+        f.entry_path, f.entry_new = corpus.write(
+            corpus.make_entry(f.prop, f.case, f.findings, self.target.name, signature=f.signature), self.corpus_dir)
 
-    def _round(self, prop: Property, round_seed: int, on_example) -> CampaignFinding | None:
+    def budget_spent(self) -> bool:
+        if self._deadline is None:
+            return False
+        seconds, examples = self._deadline
+        return (seconds is not None and self.stats.elapsed >= seconds) or (
+            examples is not None and self.stats.examples >= examples)
+
+    def classify(self, found) -> tuple[list, list]:
+        """(known, new) findings of one launch: known = signature of an open corpus entry of
+        this target or of a finding this campaign already reported."""
+        known, new = [], []
+        for f in found:
+            sig = f.signature()
+            (known if sig in self.known or sig in self.findings else new).append(f)
+        return known, new
+
+    def _round(self, prop: Property, round_seed: int, on_example, on_first) -> list[CampaignFinding]:
         strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
         if self.draws != "cpu":
             strat = strat.map(lambda c: dataclasses.replace(c, draws=self.draws))
-        last: dict = {}
         phases = (Phase.generate, Phase.target, Phase.shrink) if self.shrink else (Phase.generate,)
+        round_started = self.stats.elapsed
 
         @hseed(round_seed)
         @settings(max_examples=self.round_examples, deadline=None, database=None, phases=phases,
-                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck), print_blob=False)
+                  report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
         @given(strat)
         def body(case):
-            self.stats.examples += 1
-            self.stats.launches += 1
-            on_example()
-            found = self._check(prop, case)
-            if self._records is not None:
-                self._records.write(json.dumps(dict(
-                    i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, arm=case.arm, T=case.T,
-                    H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
-                    rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__,
-                    metrics=getattr(found, "metrics", None), failed=[f.prop for f in found])) + "\n")
-            if found:
-                last["case"], last["findings"] = case, found
-                raise PropertyFailed(case, found)
+            key = (prop.name, case.to_json())
+            if self.budget_spent():
+                # no new launches; a case seen failing fails again the same way (replay of the best)
+                exc = self._seen.get(key)
+                if exc is None:
+                    return
+                exc = type(exc)(exc.case, exc.findings, exc.signature)
+            else:
+                exc = self._example(prop, case, on_example, on_first)
+                if exc is None:
+                    return
+                self._seen[key] = exc
+            raise exc
 
         try:
             body()
-        except PropertyFailed:
-            # Hypothesis re-runs the shrunk example last, so `last` holds the minimal case
-            return CampaignFinding(prop.name, last["case"], last["findings"])
-        return None
+        except Exception as e:  # noqa: BLE001 - our failures, possibly grouped by Hypothesis
+            fails = _failures(e)
+            if not fails or _foreign(e):
+                raise
+            flaky = not isinstance(e, PropertyFailed) and type(e).__name__.startswith("Flaky")
+            out = []
+            for x in fails:
+                t, n, _ = self._first.get(x.signature, (round_started, None, prop.name))
+                out.append(CampaignFinding(prop.name, x.case, x.findings, signature=x.signature, first_t=t,
+                                           first_examples=n, shrink_s=self.stats.elapsed - t,
+                                           shrunk=self.shrink and not self.budget_spent(), flaky=flaky))
+            return out
+        return []
+
+    def _example(self, prop: Property, case: Case, on_example, on_first) -> PropertyFailed | None:
+        """Check one case; the failure to raise (for its first new signature) or None."""
+        n_before = self.stats.examples
+        self.stats.examples += 1
+        self.stats.launches += 1
+        on_example()
+        found = self._check(prop, case)
+        known, new = self.classify(found)
+        for f in known:
+            sig = f.signature()
+            if sig in self.known:
+                self.known_hits[sig] += 1
+            else:
+                self.repeats[sig] += 1
+        if self._records is not None:
+            self._records.write(json.dumps(dict(
+                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, arm=case.arm, T=case.T,
+                H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
+                rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__,
+                metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
+                signatures=sorted({f.signature() for f in found}),
+                known=sorted({f.signature() for f in known}))) + "\n")
+        if not new:
+            return None
+        sig = min(f.signature() for f in new)  # one signature per failing example, deterministically
+        self._best[sig] = (prop.name, case, found)
+        if sig not in self._first:
+            t = self.stats.elapsed
+            self._first[sig] = (t, n_before, prop.name)
+            on_first(sig, prop.name, case, found, t, n_before)
+        return failure_class(sig)(case, list(found), sig)
+
+    def _keep(self, f: CampaignFinding, on_finding) -> None:
+        if f.signature in self.findings:
+            return
+        self.findings[f.signature] = f
+        self._record(f)
+        on_finding(f)
 
     def run(self, *, seconds: float | None = None, examples: int | None = None, on_example=lambda: None,
-            on_finding=lambda f: None) -> "Campaign":
-        """Rounds over all properties until a budget is spent (KeyboardInterrupt stops cleanly)."""
+            on_finding=lambda f: None, on_first=lambda *a: None) -> "Campaign":
+        """Rounds over all properties until a budget is spent.
+
+        on_first(signature, prop, case, findings, t, examples_before): the first failing example
+        of a new signature, at once (before shrinking); on_finding(CampaignFinding): after it is
+        shrunk and stored.  KeyboardInterrupt stops the campaign; failures already seen are kept
+        (stored with their best case so far, shrunk=False) and `interrupted` is set.
+        """
         if seconds is None and examples is None:
             raise ValueError("give a budget: seconds=... or examples=... (both may be set; the first reached stops)")
         compiles0 = self._compiles()
+        self._deadline = (seconds, examples)
         try:
             while True:
                 for prop in self.properties:
-                    if (seconds is not None and self.stats.elapsed >= seconds) or (
-                            examples is not None and self.stats.examples >= examples):
+                    if self.budget_spent():
                         return self
-                    f = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example)
+                    found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first)
                     self.stats.rounds += 1
                     self.stats.compiles = self._compiles() - compiles0
-                    if f is not None and f.key() not in self.findings:
-                        self.findings[f.key()] = f
-                        self._record(f)
-                        on_finding(f)
+                    for f in sorted(found, key=lambda x: x.signature):
+                        self._keep(f, on_finding)
                     if self.stop_on_finding and self.findings:
                         return self
         except KeyboardInterrupt:
+            self.interrupted = True
+            for sig, (pname, case, found) in sorted(self._best.items()):
+                t, n, _ = self._first[sig]
+                self._keep(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
+                                           shrink_s=self.stats.elapsed - t, shrunk=False), on_finding)
             return self
         finally:
+            self._deadline = None
             self.stats.compiles = self._compiles() - compiles0
             if self._worker is not None:
                 self._worker.close()
             if self._records is not None:
                 self._records.flush()
+
+    def known_summary(self) -> list[dict]:
+        """Known signatures seen in this run: signature, corpus entry, examples that showed it."""
+        return [dict(signature=s, corpus_entry=self.known.get(s), examples=n, known=True)
+                for s, n in sorted(self.known_hits.items())]

@@ -57,11 +57,52 @@ def _target_device_arms(args):
     return target, device, (_parse_arms(args.arms) if args.arms else ARM_NAMES)
 
 
+# exit codes of `gdn-fuzz run` (and replay): documented in the README
+EXIT_OK = 0  # nothing new (known bugs may have shown: listed, not failing)
+EXIT_NEW = 1  # new findings
+EXIT_USAGE = 2  # usage or setup error: bad option, target missing or unloadable, no device
+EXIT_KNOWN_ONLY = 3  # only known findings, and --fail-on-known was given
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT: what was found is reported and stored first
+
+
+class UsageError(ValueError):
+    """A bad option value: one line naming the option, its value and the fix (exit 2)."""
+
+
+def validate_run_args(args) -> None:
+    """Every option of `gdn-fuzz run` checked before any work (UsageError, one line)."""
+    if args.seconds is not None and not (args.seconds > 0):
+        raise UsageError(f"--seconds={args.seconds:g}: give a positive number of seconds")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples={args.examples}: give at least 1")
+    if args.round_examples < 1:
+        raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
+    for b in args.buckets:
+        if b < 1 or b & (b - 1) or b > 1024:
+            raise UsageError(f"--buckets {b}: batch buckets are powers of two in [1, 1024] (e.g. 4 8)")
+    if args.arms:
+        try:
+            _parse_arms(args.arms)
+        except ValueError as e:
+            raise UsageError(f"--arms {' '.join(args.arms)}: {e}") from None
+    if args.property:
+        from .properties import REGISTRY
+
+        for p in args.property:
+            if p not in REGISTRY:
+                raise UsageError(f"--property {p}: unknown; use one of {', '.join(REGISTRY)}")
+
+
 def cmd_run(args) -> int:
     from .campaign import Campaign
     from .properties import REGISTRY, get_property
     from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
+    try:
+        validate_run_args(args)
+    except UsageError as e:
+        console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
+        return EXIT_USAGE
     if args.gpus:
         from . import corpus
         from .multigpu import run_on_gpus
@@ -70,26 +111,33 @@ def cmd_run(args) -> int:
             return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
         except ValueError as e:
             console.print(f"[red]{e}[/red]")
-            return 2
+            return EXIT_USAGE
     got = _target_device_arms(args)
     if got is None:
-        return 2
+        return EXIT_USAGE
     target, device, arms = got
-    for a in arms:
-        target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
+    try:
+        for a in arms:
+            target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
+    except Exception as e:  # noqa: BLE001 - a target that cannot be imported is a setup error
+        console.print(f"[red]target {target} cannot be loaded:[/red] {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}", markup=True)
+        return EXIT_USAGE
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
     geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
     from . import corpus
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
+    known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
-                    record_path=args.record)
+                    record_path=args.record, known=known)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
-                  f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}")
+                  f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}"
+                  f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
     with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
         task = progress.add_task("", total=seconds or args.examples)
@@ -97,11 +145,21 @@ def cmd_run(args) -> int:
         def tick():
             s = camp.stats
             progress.update(task, completed=(s.elapsed if seconds else s.examples),
-                            description=f"examples {s.examples}  launches {s.launches}  findings {len(camp.findings)}  "
-                                        f"compiles {s.compiles}  {s.rate:.1f} ex/s")
+                            description=f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
+                                        f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  "
+                                        f"{s.rate:.1f} ex/s")
+
+        def first(sig, prop, case, findings, t, n):
+            progress.console.print(f"[red]failure[/red] {sig}  (property {prop}, {t:.1f}s, after {n} examples; "
+                                   "shrinking)", markup=True, highlight=False)
 
         def found(f):
-            progress.console.print(f"[red]finding[/red] in property {f.prop}:")
+            progress.console.print(f"[red]finding[/red] {f.signature}", markup=True)
+            progress.console.print(f"  property {f.prop}; first failing example at {f.first_t:.1f}s after "
+                                   f"{f.first_examples} examples; "
+                                   + (f"shrunk in {f.shrink_s:.1f}s" if f.shrunk else
+                                      f"shrinking stopped after {f.shrink_s:.1f}s (budget or interrupt): best case so far")
+                                   + (" (flaky on replay)" if f.flaky else ""), markup=False)
             progress.console.print(f.case.describe(), markup=False)
             for x in f.findings:
                 progress.console.print("  " + str(x), markup=False)
@@ -114,29 +172,51 @@ def cmd_run(args) -> int:
             camp.warm_up()
             progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT compiles "
                                    "(outside the budget)")
-        camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found)
+        try:
+            camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found, on_first=first)
+        except PermissionError as e:  # read-only corpus: the summary still comes
+            progress.console.print(f"[red]corpus:[/red] {str(e).splitlines()[0]}", markup=True)
         tick()
     s = camp.stats
     t = Table(title="gdn-fuzz summary")
-    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "findings", "time", "examples/s",
-                "warm-up"):
+    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "new findings",
+                "known bugs seen", "time", "examples/s", "warm-up"):
         t.add_column(col)
     t.add_row(str(target), device, str(s.examples), str(s.launches), str(s.rounds), str(s.compiles),
-              str(len(camp.findings)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
+              str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
               f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
     console.print(t)
+    if camp.findings or camp.known_hits:
+        ft = Table(title="findings by signature")
+        for col in ("signature", "status", "first at", "examples before", "shrunk", "corpus entry"):
+            ft.add_column(col, overflow="fold")
+        for f in camp.findings.values():
+            ft.add_row(f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
+                       f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
+                       "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
+        for k in camp.known_summary():
+            ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
+        console.print(ft)
+    if camp.interrupted:
+        console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
         rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                   warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles,
+                   warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=seconds,
+                   budget_examples=args.examples, interrupted=camp.interrupted,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   findings=[dict(prop=f.prop, case=f.case.to_dict(), findings=[str(x) for x in f.findings],
-                                  corpus_entry=None if f.entry_path is None else os.path.basename(f.entry_path))
-                             for f in camp.findings.values()])
+                   findings=[f.to_record() for f in camp.findings.values()],
+                   known=camp.known_summary())
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)
-    return 1 if camp.findings else 0
+    if camp.interrupted:
+        return EXIT_INTERRUPTED
+    if camp.findings:
+        return EXIT_NEW
+    if camp.known_hits and args.fail_on_known:
+        return EXIT_KNOWN_ONLY
+    return EXIT_OK
 
 
 def cmd_precision(args) -> int:
@@ -157,14 +237,18 @@ def cmd_precision(args) -> int:
                  seed=args.seed, steer=not args.no_steer)
     tab = Table(title=f"largest error / magnitude vs the float64 oracle ({args.examples} examples per arm and T, "
                       f"{'steered by target()' if not args.no_steer else 'unsteered'}, {time.monotonic() - t0:.0f}s)")
-    for col in ("target", "arm", "T", "y", "u", "k", "g", "fold", "worst ratio to tol"):
+    for col in ("target", "arm", "T", "y", "u", "k", "g", "fold", "worst ratio to tol",
+                "fp16 records with low 3 bits 0 (u / fold)"):
         tab.add_column(col)
     for tname, per_arm in res.items():
         for arm, per_T in per_arm.items():
             for T, cells in per_T.items():
                 vals = [f"{cells[o]['max_rel']:.2e}" if o in cells else "-" for o in ("y", "u", "k", "g", "fold")]
                 worst = max((cells[o]["max_ratio"] for o in ("y", "u", "k", "g", "fold") if o in cells), default=0)
-                tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}")
+                rp = cells.get("rounding", {})
+                pattern = " / ".join(f"{z / n:.0%} of {n}" if n else "-" for z, n in
+                                     (rp.get(o, (0, 0)) for o in ("u", "fold")))
+                tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}", pattern)
     console.print(tab)
     if args.markdown:
         from .precision import markdown
@@ -206,12 +290,9 @@ def cmd_replay(args) -> int:
             t.add_row(str(p), e.status, target, e.prop, "skipped", why)
             continue
         found = corpus.replay(e, target, args.device or _default_device(tgt))
-        if found:
-            res = "fails (expected: open bug)" if e.status == "open" else "[red]FAILS: regression[/red]"
-            unexpected += e.status != "open"
-        else:
-            res = "[red]passes: open bug fixed? mark it guard[/red]" if e.status == "open" else "passes"
-            unexpected += e.status == "open"
+        ok, what = corpus.verdict(e, found)
+        unexpected += not ok
+        res = what if ok else f"[red]{what}[/red]"
         t.add_row(str(p), e.status, target, e.prop, res, "; ".join(str(f) for f in found)[:300])
     console.print(t)
     return 1 if unexpected else 0
@@ -276,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warm-up", action="store_true",
                    help="first launch one legal case per (arm, T, geometry, bucket), paying every JIT compile "
                         "outside the budget (reported apart); the budget then measures checking, not compiling")
+    r.add_argument("--fail-on-known", action="store_true",
+                   help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
+                        f"target); by default they are listed and the exit code is {EXIT_OK}")
     r.add_argument("--gpus", help="one campaign process per GPU: '0,1' or 'all' (CUDA_VISIBLE_DEVICES per worker, "
                                   "seed + worker index, one shared corpus; --json gets the merged record)")
     r.set_defaults(func=cmd_run)

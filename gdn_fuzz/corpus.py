@@ -1,15 +1,18 @@
 """The regression corpus: one readable JSON entry per distinct failure.
 
 An entry holds the shrunk Case (geometry, arm, rows, cursors, seed, value regime: the
-tensors are regenerated from the seed), the property and clauses that failed, the target
-and the versions it ran with, the date, and whether it is an `open` bug (expected to fail
-until fixed: replayed as a strict xfail) or a regression `guard` (must pass).
+tensors are regenerated from the seed), the failure's signature (checks.Finding.signature:
+check id, clause, outcome class, route family), every finding of that case, the target and
+the versions it ran with, the date, and whether it is an `open` bug (a known outcome: replayed
+as a strict xfail that must reproduce the same signature; campaigns and property tests count it
+and search on) or a regression `guard` (must pass).
 
-File names are `<property>-<hash>.json`, the hash taken over the failure's identity
-(property, target, sorted (check, clause) keys of its findings), so the same failure found
-twice - by another campaign, another seed, another xdist worker - lands on the same name
-and is stored once.  Writes go to a temporary file in the same folder, then os.replace():
-readers never see half an entry, and concurrent writers of one entry leave one whole file.
+File names are `<property>-<hash>.json`, the hash taken over (property, target, signature),
+so the same failure found twice - by another campaign, another seed, another xdist worker -
+lands on the same name and is stored once, and two different failures never share one.
+Writes go to a hidden temporary file in the same folder, then os.replace(): readers never see
+half an entry (entries() skips hidden files), and concurrent writers of one entry leave one
+whole file.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from .case import Case
 
-FORMAT = "gdn_fuzz.corpus/1"
+FORMAT = "gdn_fuzz.corpus/2"
 CORPUS_ENV = "GDN_FUZZ_CORPUS"
 READONLY_ENV = "GDN_FUZZ_CORPUS_READONLY"
 
@@ -40,6 +43,8 @@ class Entry:
     findings: list[str]
     keys: list[tuple[str, str]]  # (check, clause) of each finding
     target: str
+    signature: str = ""  # the failure this entry stands for (checks.Finding.signature)
+    signatures: list[str] = field(default_factory=list)  # every finding's signature on this case
     status: str = "open"  # open | guard
     reason: str = ""
     versions: dict = field(default_factory=dict)
@@ -55,18 +60,22 @@ class Entry:
     def clauses(self) -> list[str]:
         return sorted({c for _, c in self.keys})
 
-    def signature(self) -> str:
-        ident = json.dumps([self.prop, self.target, sorted(map(list, self.keys))], sort_keys=True)
+    def ident(self) -> str:
+        ident = json.dumps([self.prop, self.target, self.signature], sort_keys=True)
         return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
     def filename(self) -> str:
-        return f"{self.prop}-{self.signature()}.json"
+        return f"{self.prop}-{self.ident()}.json"
 
     def to_dict(self) -> dict:
-        return dict(format=FORMAT, property=self.prop, clauses=self.clauses, status=self.status,
-                    reason=self.reason, target=self.target, needs_gpu=self.needs_gpu,
-                    findings=self.findings, keys=[list(k) for k in self.keys],
+        return dict(format=FORMAT, property=self.prop, signature=self.signature, signatures=self.signatures,
+                    clauses=self.clauses, status=self.status, reason=self.reason, target=self.target,
+                    needs_gpu=self.needs_gpu, findings=self.findings, keys=[list(k) for k in self.keys],
                     versions=self.versions, date=self.date, case=self.case.to_dict())
+
+    def reproduced_by(self, findings) -> bool:
+        """True when a replay's findings show this entry's signature."""
+        return any(f.signature() == self.signature for f in findings)
 
 
 def _mutant_needs_gpu(target: str) -> bool:
@@ -92,10 +101,17 @@ def versions() -> dict:
     return out
 
 
-def make_entry(prop: str, case: Case, findings, target: str, status: str = "open", reason: str = "") -> Entry:
+def make_entry(prop: str, case: Case, findings, target: str, status: str = "open", reason: str = "",
+               signature: str | None = None) -> Entry:
+    """An entry for the failure `signature` (default: the first of the findings' signatures)."""
+    sigs = sorted({f.signature() for f in findings})
+    if signature is None:
+        if not sigs:
+            raise ValueError("make_entry needs at least one finding (or signature=...)")
+        signature = sigs[0]
     return Entry(case=case, prop=prop, findings=[str(f) for f in findings],
                  keys=sorted({(f.prop, f.clause) for f in findings}), target=target, status=status,
-                 reason=reason or "; ".join(sorted({str(f.prop) + " (" + f.clause + ")" for f in findings})),
+                 signature=signature, signatures=sigs, reason=reason or signature,
                  versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
@@ -117,7 +133,7 @@ def write(entry: Entry, directory: Path | None = None) -> tuple[Path, bool]:
         raise PermissionError(f"corpus {d} is read-only ({READONLY_ENV} is set); new entry {path.name} not written:\n"
                               + json.dumps(entry.to_dict(), indent=1))
     d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".partial")
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(entry.to_dict(), fh, indent=1, sort_keys=True)
@@ -145,12 +161,18 @@ def read(path: Path) -> Entry:
         raise CorpusError(f"corpus entry {path}: unreadable or truncated JSON ({e}); delete it or restore it from git") from e
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
-        raise CorpusError(f"corpus entry {path}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; "
-                          "re-create it with this version or upgrade gdn_fuzz")
+        hint = ("entries of format 1 predate failure signatures: replay the case against its target and store "
+                "the signature it shows (gdn_fuzz.corpus.make_entry), or delete the file"
+                if got == "gdn_fuzz.corpus/1" else "re-create it with this version or upgrade gdn_fuzz")
+        raise CorpusError(f"corpus entry {path}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; {hint}")
     try:
         case = Case.from_dict(d["case"])
+        sig = d["signature"]
+        if not isinstance(sig, str) or not sig:
+            raise ValueError(f"signature={sig!r} must be a non-empty string")
         e = Entry(case=case, prop=d["property"], findings=list(d.get("findings", [])),
                   keys=[tuple(k) for k in d.get("keys", [])], target=d["target"], status=d.get("status", "open"),
+                  signature=sig, signatures=list(d.get("signatures", [sig])),
                   reason=d.get("reason", ""), versions=d.get("versions", {}), date=d.get("date", ""), path=path)
     except (KeyError, TypeError, ValueError) as err:
         raise CorpusError(f"corpus entry {path}: missing or malformed field ({type(err).__name__}: {err})") from err
@@ -160,12 +182,47 @@ def read(path: Path) -> Entry:
 
 
 def entries(directory: Path | None = None) -> list[Path]:
+    """The entry files of a corpus folder: *.json, hidden files (writes in progress) left out."""
     d = Path(directory) if directory is not None else default_dir()
-    return sorted(d.glob("*.json")) if d.is_dir() else []
+    return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
+
+
+def known_signatures(target: str, directory: Path | None = None) -> dict[str, str]:
+    """{signature: entry file name} of the `open` entries of `target`: outcomes that are known
+    bugs, counted and listed by campaigns and property tests instead of failing them.
+    Unreadable entries are left out here (replay and the corpus test report them)."""
+    out = {}
+    for p in entries(directory):
+        try:
+            e = read(p)
+        except CorpusError:
+            continue
+        if e.status == "open" and e.target == target:
+            out.setdefault(e.signature, p.name)
+    return out
 
 
 def is_crash(entry: Entry) -> bool:
-    return any(check == "crash" for check, _ in entry.keys)
+    return any(check in ("crash", "hang") for check, _ in entry.keys)
+
+
+def verdict(entry: Entry, findings) -> tuple[bool, str]:
+    """(as expected, what happened) of a replay.
+
+    open:  expected when the replay shows the entry's signature (other findings beside it are
+           listed); passing means the bug is fixed (make the entry a guard), and failing with
+           other signatures only means the entry no longer reproduces what it records.
+    guard: expected when the replay passes.
+    """
+    sigs = sorted({f.signature() for f in findings})
+    others = [s for s in sigs if s != entry.signature]
+    if entry.status == "guard":
+        return (not sigs, "passes" if not sigs else "REGRESSION: " + "; ".join(sigs))
+    if entry.reproduced_by(findings):
+        return True, "reproduces its signature" + (f" (also: {'; '.join(others)})" if others else "")
+    if not sigs:
+        return False, "passes: the open bug is fixed? make the entry a guard"
+    return False, f"fails differently: expected {entry.signature!r}, got " + "; ".join(sigs)
 
 
 def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", isolate: bool | None = None):

@@ -8,7 +8,8 @@ failure's identity (gdn_fuzz.corpus), so two workers finding one bug leave one e
 
 The parent waits for every child, then prints per-GPU and total throughput and writes a
 merged JSON record (`workers`: each child's record; totals).  Exit status: 1 if any worker
-reported a finding, 2 if a worker failed to run, else 0.
+reported a new finding, 2 if a worker failed to run, 3 if only known bugs showed and
+--fail-on-known was given, else 0.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def parse_gpus(spec: str) -> list[str]:
 # that is not here, so a new option is never silently dropped by --gpus.
 HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
-                                 "gpus"})
+                                 "fail_on_known", "gpus"})
 
 
 def child_argv(args, worker: int, json_path: str, record_path: str | None, corpus_dir: str | None) -> list[str]:
@@ -70,6 +71,8 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
         argv += ["--no-isolate"]
     if getattr(args, "warm_up", False):
         argv += ["--warm-up"]
+    if getattr(args, "fail_on_known", False):
+        argv += ["--fail-on-known"]
     if record_path:
         argv += ["--record", record_path]
     return argv
@@ -99,7 +102,7 @@ def run_on_gpus(args, corpus_dir: str | None, console) -> int:
             rec = json.loads(Path(jp).read_text())
         except (OSError, ValueError):
             rec = None
-        if rec is None or rc not in (0, 1):
+        if rec is None or rc not in (0, 1, 3):
             failed.append(g)
             tail = Path(log.name).read_text()[-1500:]
             console.print(f"[red]worker on GPU {g} failed (exit {rc}); its log ends:[/red]\n{tail}", markup=True)
@@ -134,4 +137,6 @@ def run_on_gpus(args, corpus_dir: str | None, console) -> int:
                            failed=failed, workers=workers), fh, indent=1)
     if failed:
         return 2
-    return 1 if tot["findings"] else 0
+    if tot["findings"]:
+        return 1
+    return 3 if any(w["exit"] == 3 for w in workers) else 0

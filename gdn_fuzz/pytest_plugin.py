@@ -139,38 +139,77 @@ def pytest_report_header(config):
             f"{'read-only' if corpus.is_readonly() else 'new failures are written'})"]
 
 
+_KNOWN_CACHE: dict = {}
+
+
+def known_for(target_name: str) -> dict:
+    """{signature: corpus entry name} of the open corpus entries of this target (read once per run)."""
+    from . import corpus
+
+    key = (str(corpus.default_dir()), target_name)
+    if key not in _KNOWN_CACHE:
+        _KNOWN_CACHE[key] = corpus.known_signatures(target_name)
+    return _KNOWN_CACHE[key]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+    known = getattr(item, "_gdn_known", None)
+    if rep.when == "call" and rep.passed and known:
+        # every failure this test saw is a known bug: an expected failure, named
+        rep.outcome = "skipped"
+        rep.wasxfail = "known bug(s) only: " + "; ".join(
+            f"{sig} (corpus entry {entry}, {n} example(s))" for (sig, entry), n in sorted(known.items()))
 
 
 @pytest.fixture
-def gdn_record(request):
-    """Call gdn_record(prop, case, findings, target_name) before asserting on findings.
+def gdn_verdict(request):
+    """gdn_verdict(prop, case, findings, target_name): the verdict of one example.
 
-    Hypothesis replays the shrunk example last, so the last recorded failure of a failed test
-    is the minimal one; it is written to the corpus (unless read-only) when the test ends.
+    Findings whose signature is a known bug of the target (an `open` corpus entry) are counted
+    on the test and do not fail it: the search goes on for other signatures, and a test whose
+    only failures are known ends as xfail naming the entries.  Any other finding fails the
+    example (one exception class per signature, so Hypothesis shrinks each apart); the last
+    failing example (Hypothesis replays the minimal one last) is written to the corpus, unless
+    read-only, when the test ends.
     """
+    from .campaign import failure_class
+
     last: dict = {}
+    request.node._gdn_known = {}
 
-    def record(prop, case, findings, target_name):
-        if findings:
-            last.update(prop=prop, case=case, findings=findings, target=target_name)
+    def verdict(prop, case, findings, target_name):
+        known = known_for(target_name)
+        new = []
+        for f in findings:
+            sig = f.signature()
+            if sig in known:
+                k = (sig, known[sig])
+                request.node._gdn_known[k] = request.node._gdn_known.get(k, 0) + 1
+            else:
+                new.append(f)
+        if not new:
+            return
+        sig = min(f.signature() for f in new)
+        last.update(prop=prop, case=case, findings=list(findings), target=target_name, signature=sig)
+        raise failure_class(sig)(case, list(findings), sig)
 
-    yield record
+    yield verdict
     rep = getattr(request.node, "rep_call", None)
     if last and rep is not None and rep.failed:
         from . import corpus
 
-        entry = corpus.make_entry(last["prop"], last["case"], last["findings"], last["target"])
+        entry = corpus.make_entry(last["prop"], last["case"], last["findings"], last["target"],
+                                  signature=last["signature"])
         try:
             path, new = corpus.write(entry)
             request.node.add_report_section("call", "gdn_fuzz corpus",
                                             f"{'new entry' if new else 'already in corpus'}: {path}")
         except PermissionError as e:
-            request.node.add_report_section("call", "gdn_fuzz corpus", str(e))
+            request.node.add_report_section("call", "gdn_fuzz corpus", str(e).splitlines()[0])
 
 
 @pytest.fixture(scope="session")

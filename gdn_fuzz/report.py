@@ -132,8 +132,17 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
     if not finds:
         md.append("None.")
     for f in finds:
-        md.append(f"- property `{f['prop']}`: " + "; ".join(f["findings"]))
+        md.append(f"- `{f.get('signature', f['prop'])}` (property `{f['prop']}`): " + "; ".join(f["findings"]))
+        if f.get("first_failure_s") is not None:
+            md.append(f"  - first failing example at {f['first_failure_s']:.1f} s after {f['examples_before']} examples; "
+                      + (f"shrunk in {f['shrink_s']:.1f} s" if f.get("shrunk") else "shrinking cut short (budget)")
+                      + (f"; corpus entry `{f['corpus_entry']}`" if f.get("corpus_entry") else ""))
         md.append(f"  - case: `{json.dumps(f['case'], sort_keys=True)}`")
+    known = camp.get("known", [])
+    if known:
+        md += ["", "## Known bugs seen (open corpus entries of this target: expected, not failing the run)", ""]
+        for k in known:
+            md.append(f"- `{k['signature']}`: {k['examples']} example(s), corpus entry `{k['corpus_entry']}`")
     md += ["", "## Coverage of the strategy space", ""]
     for k, c in coverage(recs).items():
         items = sorted(c.items(), key=lambda kv: (str(type(kv[0])), kv[0]))

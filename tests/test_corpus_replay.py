@@ -1,9 +1,10 @@
 """Replay every regression corpus entry as its own test id.
 
 Each entry (corpus/*.json, or --gdn-corpus DIR) re-runs its property on its shrunk Case
-against its recorded target.  `open` entries are known bugs: they must still fail (strict
-xfail, so a fix shows up as XPASS and the entry should become a `guard`); `guard` entries
-must pass.  Entries for a target this machine cannot launch (the production kernel without
+against its recorded target.  `open` entries are known bugs: they must still fail WITH THEIR
+SIGNATURE (then the test is an xfail naming it; a pass means the bug is fixed and the entry
+should become a `guard`; a failure with another signature is a failure of this test, since
+the entry no longer reproduces what it records); `guard` entries must pass.  Entries for a target this machine cannot launch (the production kernel without
 an SM90+ GPU) skip with the reason.  A damaged, truncated or unknown-version entry fails
 with a message naming the file; collection of the others is unaffected (entries are read
 inside the test, not at collection).
@@ -35,7 +36,9 @@ def test_corpus_entry(path, request, gdn_selection):
         why = str(e)
     if why:
         pytest.skip(f"{path.name}: {why}")
-    if entry.status == "open":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"open bug: {entry.reason}"))
     findings = corpus.replay(entry, device=dev)
-    assert not findings, "\n".join([entry.case.describe()] + [str(f) for f in findings])
+    ok, what = corpus.verdict(entry, findings)
+    detail = "\n".join([f"{path.name}: {what}", entry.case.describe()] + [str(f) for f in findings])
+    assert ok, detail
+    if entry.status == "open":
+        pytest.xfail(f"open bug {path.name}: {entry.signature}")

@@ -38,14 +38,16 @@ from .planted import Plant, plant
 
 
 
-def _run_check(target_under_test, data, check):
+def _run_check(target_under_test, verdict, data, check, prop):
     target, arms, device = target_under_test
     case = data.draw(cases(arms=arms, restart=RESTART, geometries=geometries_for(target)), label="case")
     for e in case_events(case):
         event(e)
-    findings = check(target, case, device)
-    assert not findings, "\n".join([case.describe()] + [str(f) for f in findings])
+    verdict(prop, case, check(target, case, device), target.name)
     return case
+
+
+FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # gdn_verdict spans examples
 
 
 # ------------------------------------------------------------------ the relations hold
@@ -54,8 +56,9 @@ def _run_check(target_under_test, data, check):
 RESTART = (False, True)
 
 
+@FIXTURE_OK
 @given(data=st.data())
-def test_routing_flush_and_verify_rows_bit_identical(target_under_test, data):
+def test_routing_flush_and_verify_rows_bit_identical(target_under_test, gdn_verdict, data):
     """M7, M8: moving flush_min so rows switch route changes only their g appends and pool rows."""
     target, arms, device = target_under_test
     case = data.draw(cases(arms=arms, restart=RESTART, geometries=geometries_for(target)), label="case")
@@ -65,14 +68,14 @@ def test_routing_flush_and_verify_rows_bit_identical(target_under_test, data):
     else:
         n = sum((r.hist_len >= case.fmin) != (r.hist_len >= f2) for r in case.rows if not r.pad)
         event(f"routing: {'1' if n == 1 else '2+'} row(s) switch route")
-    findings = R.check_routing(target, case, device)
-    assert not findings, "\n".join([case.describe()] + [str(f) for f in findings])
+    gdn_verdict("routing", case, R.check_routing(target, case, device), target.name)
 
 
+@FIXTURE_OK
 @given(data=st.data())
-def test_determinism_same_inputs_same_bits(target_under_test, data):
+def test_determinism_same_inputs_same_bits(target_under_test, gdn_verdict, data):
     """R1-R3: two launches of the same inputs give the same bits."""
-    _run_check(target_under_test, data, R.check_determinism)
+    _run_check(target_under_test, gdn_verdict, data, R.check_determinism, "determinism")
 
 
 @given(case=cases())
@@ -90,17 +93,19 @@ def test_read_write_overlap_is_reported():
     assert [f.prop for f in found] == ["determinism.rw_disjoint"] and found[0].clause == "R2"
 
 
+@FIXTURE_OK
 @given(data=st.data())
-def test_output_inplace_pad_rows_untouched(target_under_test, data):
+def test_output_inplace_pad_rows_untouched(target_under_test, gdn_verdict, data):
     """M8: in-place output is returned, pad rows keep their bytes, live rows match output=None."""
-    _run_check(target_under_test, data, R.check_output_inplace)
+    _run_check(target_under_test, gdn_verdict, data, R.check_output_inplace, "output_inplace")
 
 
 @pytest.mark.parametrize("name", sorted(R.METAMORPHIC))
+@FIXTURE_OK
 @given(data=st.data())
-def test_metamorphic(target_under_test, name, data):
+def test_metamorphic(target_under_test, gdn_verdict, name, data):
     """R1, M3, M5, M7, H8, H16, table 1.1: the transformations of gdn_fuzz.relations.METAMORPHIC."""
-    _run_check(target_under_test, data, R.metamorphic_check(name))
+    _run_check(target_under_test, gdn_verdict, data, R.metamorphic_check(name), "metamorphic")
 
 
 def test_relations_are_registered():
