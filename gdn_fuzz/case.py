@@ -20,12 +20,47 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .arms import Arm, get_arm
+from .arms import ARM_NAMES, Arm, get_arm
 from .oracles import gdn as gdn_oracle
 
 CASE_VERSION = 1
 RING_SLOTS = 32
 W_RING = 16
+
+# Bounds of a stored or received Case (Case.validate, called by Case.from_dict): a case file
+# or a message from another process is checked against them before anything is allocated.
+LEGAL_T = (4, 8)  # the kernel's draft lengths (contract H13)
+MAX_ROWS = 1024  # batch rows B
+MAX_POOL = 65536  # pool slots
+MAX_CASE_BYTES = 16 * 2**30  # Case.draw_bytes(): the tensors materialize() draws, 16 GiB
+CURSOR_RANGE = (-64, 64)  # hist_len and flush_min: unguarded inputs are stored as given, within this
+INT32 = (-2**31, 2**31)  # cache_base and negative (pad) slots: an int32 [lo, hi)
+MAX_SCALE = 1e6  # regime qk_scale, v_scale, state_scale
+
+
+def _int_or_none(x):
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _bounded(field: str, x, lo: int, hi: int | None, note: str = "") -> None:
+    """ValueError unless x is an int with lo <= x <= hi (hi None: no upper bound)."""
+    if _int_or_none(x) is None or x < lo or (hi is not None and x > hi):
+        rng = f"an int, {lo} <= {field.rsplit('.', 1)[-1]}" + ("" if hi is None else f" <= {hi}")
+        raise ValueError(f"{field}={x!r} is out of range; legal: {rng}" + (f" ({note})" if note else ""))
+
+
+def _check_keys(what: str, d: dict, cls) -> None:
+    """ValueError naming unknown keys (and missing required ones) of a dict for dataclass cls."""
+    fields = dataclasses.fields(cls)
+    known = {f.name for f in fields}
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise ValueError(f"{what} has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    required = [f.name for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"{what} lacks required field(s) {', '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -126,13 +161,110 @@ class Case:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
+        """The Case stored as `d` (to_dict()), validated (Case.validate) before anything is
+        allocated; any problem raises ValueError with a one-line message naming the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a case must be a JSON object, got {type(d).__name__}")
         d = dict(d)
         ver = d.get("version", None)
         if ver != CASE_VERSION:
             raise ValueError(f"case version={ver!r} is not supported (this gdn_fuzz reads version {CASE_VERSION})")
-        d["rows"] = tuple(Row(**r) for r in d["rows"])
-        d["regime"] = Regime(**d.get("regime", {}))
-        return cls(**d)
+        _check_keys("case", d, cls)
+        rows = d["rows"]
+        if not isinstance(rows, (list, tuple)):
+            raise ValueError(f"case.rows must be a list of rows, got {type(rows).__name__}")
+        if not 1 <= len(rows) <= MAX_ROWS:
+            raise ValueError(f"case.rows has {len(rows)} rows; legal: 1 <= rows <= {MAX_ROWS}")
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict):
+                raise ValueError(f"case.rows[{i}] must be an object with slot, hist_len, cache_base; got {r!r}")
+            _check_keys(f"case.rows[{i}]", r, Row)
+        d["rows"] = tuple(Row(**r) for r in rows)
+        reg = d.get("regime", {})
+        if not isinstance(reg, dict):
+            raise ValueError(f"case.regime must be an object, got {type(reg).__name__}")
+        _check_keys("case.regime", reg, Regime)
+        d["regime"] = Regime(**reg)
+        case = cls(**d)
+        case.validate()
+        return case
+
+    def draw_bytes(self) -> int:
+        """An estimate of the bytes materialize() draws for this case: its float32 bulk tensors
+        (pool, rings, token inputs) and the float64 history of the windows.  Case.validate
+        keeps it below MAX_CASE_BYTES."""
+        B, T, H, HV, K, V, NP = self.B, self.T, self.H, self.HV, self.K, self.V, self.pool
+        pool = NP * HV * V * K
+        rings = NP * RING_SLOTS * (H * K + HV * V + HV)
+        tokens = B * T * (2 * H * K + HV * V + 2 * HV)
+        history = B * W_RING * (H * K + HV * V + HV) * 2  # float64
+        return 4 * (pool + rings + tokens + history)
+
+    def validate(self) -> "Case":
+        """Check every field against its documented bounds; ValueError (one line naming the
+        field, its value and the legal range) on the first that is out.  Returns self.
+
+        Called by from_dict, i.e. on every case read from disk or received by a worker,
+        before anything is allocated.  Not called by the constructor: properties build
+        illegal cases on purpose (the guards property's T=6) with dataclasses.replace.
+
+          version == CASE_VERSION; draws in DRAWS; arm a legal dtype arm (gdn_fuzz.arms)
+          T in LEGAL_T (4, 8); K == V == 128; H >= 1, HV >= 1, HV % H == 0
+          1 <= B (rows) <= MAX_ROWS; 1 <= pool <= MAX_POOL; draw_bytes() <= MAX_CASE_BYTES
+          rows: slot < pool (negative: a pad row), hist_len in CURSOR_RANGE, cache_base an
+            int32 (the contract's unguarded inputs are legal to store, whatever they route to)
+          flush_min None or in CURSOR_RANGE; seed in [0, 2**64); restart_hist_on_flush a bool
+          regime: decay/beta/keys/history in DECAYS/BETAS/KEYS/HISTORIES; qk_scale, v_scale,
+            state_scale finite, > 0 and <= MAX_SCALE; poison a bool
+        """
+        if self.version != CASE_VERSION:
+            raise ValueError(f"case.version={self.version!r} is not supported; legal: {CASE_VERSION}")
+        if self.draws not in DRAWS:
+            raise ValueError(f"case.draws={self.draws!r} is illegal; legal: one of {', '.join(DRAWS)}")
+        if not isinstance(self.arm, str) or self.arm not in ARM_NAMES:
+            raise ValueError(f"case.arm={self.arm!r} is illegal; legal: one of {', '.join(ARM_NAMES)}")
+        get_arm(self.arm)
+        if _int_or_none(self.T) not in LEGAL_T:
+            raise ValueError(f"case.T={self.T!r} is illegal; legal: one of {', '.join(map(str, LEGAL_T))}")
+        for name, want in (("K", 128), ("V", 128)):
+            if _int_or_none(getattr(self, name)) != want:
+                raise ValueError(f"case.{name}={getattr(self, name)!r} is illegal; legal: {want}")
+        _bounded("case.H", self.H, 1, None)
+        _bounded("case.HV", self.HV, 1, None)
+        if self.HV % self.H:
+            raise ValueError(f"case.HV={self.HV} is illegal for H={self.H}; legal: a multiple of H")
+        if not isinstance(self.rows, tuple) or not all(isinstance(r, Row) for r in self.rows):
+            raise ValueError(f"case.rows must be a tuple of Row, got {type(self.rows).__name__}")
+        if not 1 <= len(self.rows) <= MAX_ROWS:
+            raise ValueError(f"case.rows has {len(self.rows)} rows; legal: 1 <= rows <= {MAX_ROWS}")
+        _bounded("case.pool", self.pool, 1, MAX_POOL)
+        for i, r in enumerate(self.rows):
+            _bounded(f"case.rows[{i}].slot", r.slot, INT32[0], self.pool - 1,
+                     f"below pool={self.pool}; negative: a pad row")
+            _bounded(f"case.rows[{i}].hist_len", r.hist_len, *CURSOR_RANGE)
+            _bounded(f"case.rows[{i}].cache_base", r.cache_base, INT32[0], INT32[1] - 1)
+        if self.flush_min is not None:
+            _bounded("case.flush_min", self.flush_min, *CURSOR_RANGE, "or null: 17 - T")
+        _bounded("case.seed", self.seed, 0, 2**64 - 1)
+        if not isinstance(self.restart_hist_on_flush, bool):
+            raise ValueError(f"case.restart_hist_on_flush={self.restart_hist_on_flush!r} is illegal; legal: true/false")
+        reg = self.regime
+        if not isinstance(reg, Regime):
+            raise ValueError(f"case.regime must be a Regime, got {type(reg).__name__}")
+        for name, legal in (("decay", DECAYS), ("beta", BETAS), ("keys", KEYS), ("history", HISTORIES)):
+            if getattr(reg, name) not in legal:
+                raise ValueError(f"case.regime.{name}={getattr(reg, name)!r} is illegal; legal: one of {', '.join(legal)}")
+        for name in ("qk_scale", "v_scale", "state_scale"):
+            x = getattr(reg, name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and 0 < x <= MAX_SCALE):
+                raise ValueError(f"case.regime.{name}={x!r} is illegal; legal: a finite number in (0, {MAX_SCALE:g}]")
+        if not isinstance(reg.poison, bool):
+            raise ValueError(f"case.regime.poison={reg.poison!r} is illegal; legal: true/false")
+        nbytes = self.draw_bytes()
+        if nbytes > MAX_CASE_BYTES:
+            raise ValueError(f"case pool={self.pool}, HV={self.HV}, B={self.B} needs ~{nbytes / 2**30:.1f} GiB "
+                             f"to materialize; legal: <= {MAX_CASE_BYTES / 2**30:g} GiB (MAX_CASE_BYTES)")
+        return self
 
     def describe(self) -> str:
         """A few readable lines: geometry, arm, and one line per row."""

@@ -1,12 +1,30 @@
 """Crash isolation: run property checks in a worker process that may die.
 
-A kernel can kill its process (a segfault) or poison its CUDA context with a sticky error
-(illegal address), after which every later launch in that process fails.  So a campaign
-with isolation never launches in its own process: it sends (property, case) to a worker,
-and before each send it writes the case to `<inflight dir>/<worker>.json`, so that even a
-crash that takes the parent down leaves the case on disk.  When the worker dies, or reports
-a CUDA error, the check returns a `crash` finding for that case, the worker is replaced
-and the campaign goes on; Hypothesis then shrinks the crashing case like any other failure.
+A kernel can kill its process (a segfault), hang, or poison its CUDA context with a sticky
+error (illegal address), after which every later launch in that process fails.  So a
+campaign with isolation never launches in its own process: it sends (property, case) to a
+worker, and before each send it writes the case to `<inflight dir>/<pid>-<worker>.json`
+(pid: the campaign's), so that even a crash that takes the parent down leaves the case on
+disk.  When the worker dies, or reports a CUDA error, the check returns a `crash` finding
+for that case; when it does not answer within `Worker.timeout_s`, a `hang` finding; either
+way the worker is replaced and the campaign goes on; Hypothesis then shrinks the failing
+case like any other failure.
+
+Robustness of the fuzzer itself:
+  hangs         Worker.timeout_s is settable at any time; derive_timeout() derives it from
+                the budget left and the measured launch times (Worker.max_check_s).
+  no orphans    the worker asks Linux for SIGKILL when its parent (the forkserver) dies,
+                and the forkserver exits when the campaign dies (its "alive" pipe closes);
+                the resource tracker exits once its last holder is gone.  A campaign killed
+                by SIGTERM or SIGKILL therefore leaves no process behind.
+  recycling     the worker is closed and restarted before the next check when its resident
+                memory passes max_rss_mb (env GDN_FUZZ_WORKER_MAX_RSS_MB) or after
+                max_checks checks.
+  environment   an allocation failure is a `resource` finding (never a kernel bug) and
+                recycles the worker; a missing device, a worker that cannot start or an
+                in-flight file that cannot be written raises SetupError (exit 2).
+  files         in-flight files are per process; without inflight_dir a private temporary
+                directory is used and removed by close().
 
 Workers are started by a forkserver that has imported torch and gdn_fuzz but never touched
 CUDA, so a restart costs a fork, not a fresh interpreter (the target module and its JIT
@@ -15,20 +33,95 @@ cache are per worker, and are rebuilt after a crash).
 
 from __future__ import annotations
 
+import collections
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import statistics
+import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from .case import Case
-from .checks import Finding, Findings
+from .checks import Finding, Findings, normalize_message, raised
 
 _CTX = None
 CUDA_FATAL = ("illegal memory access", "an illegal instruction", "unspecified launch failure",
               "misaligned address", "CUDA error", "cudaError", "CUDA_ERROR")
+# an allocation failed: the machine, not the kernel (compared case-insensitively)
+OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allocate memory", "DefaultCPUAllocator")
+# the device is missing or unusable: a setup problem, the run cannot go on (exit 2)
+NO_DEVICE = ("Torch not compiled with CUDA enabled", "no CUDA GPUs are available", "Found no NVIDIA driver",
+             "CUDA driver version is insufficient", "invalid device ordinal")
+
+MAX_RSS_ENV = "GDN_FUZZ_WORKER_MAX_RSS_MB"
+DEFAULT_MAX_RSS_MB = 8192.0  # 8 GiB
+DEFAULT_MAX_CHECKS = 2000
+DEFAULT_TIMEOUT_S = 600.0  # until the campaign derives one from measured launches
+DEFAULT_START_TIMEOUT_S = 300.0  # a fresh worker: fork + target lookup (the first forkserver imports torch)
+TIMEOUT_FLOOR_S = 30.0
+TIMEOUT_FACTOR = 20.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_SOLO_SIGNAL = {signal.SIGKILL: " (gdn_fuzz did not send it: often the kernel's out-of-memory killer)"}
+
+
+class SetupError(RuntimeError):
+    """The environment cannot run checks (no device, a worker that cannot start, a full disk):
+    not a finding about the kernel.  The message is one line; callers exit with status 2."""
+
+
+def derive_timeout(budget_left_s: float | None, measured_s: float | None, floor_s: float = TIMEOUT_FLOOR_S,
+                   factor: float = TIMEOUT_FACTOR, first_s: float = DEFAULT_TIMEOUT_S) -> float:
+    """The per-launch timeout after which a check is called a hang.
+
+        timeout = max(floor_s, min(budget_left_s, factor * measured_s))
+
+    measured_s   the slowest check measured so far, JIT compiles included (Worker.max_check_s):
+                 a later case may compile a new shape, so the slowest check, not the typical
+                 one, is what a healthy launch may take.  None (nothing measured yet: the first
+                 launch pays the target import and its compile) uses first_s instead of
+                 factor * measured_s.
+    factor       20: a healthy launch is never 20 times slower than the slowest one seen.
+    budget_left_s  a hang never holds the campaign past its budget (None: no cap).
+    floor_s      30 s: never less, so a short remaining budget or a fast first launch cannot
+                 turn a slow but healthy launch (a compile, a busy GPU) into a false hang.
+    """
+    base = first_s if measured_s is None else factor * max(float(measured_s), 0.0)
+    if budget_left_s is not None:
+        base = min(base, float(budget_left_s))
+    return max(float(floor_s), base)
+
+
+def fatal_outcome(text: str) -> str:
+    """The outcome class of a sticky CUDA error: the error's own words (the first CUDA_FATAL marker
+    that names one), whichever way it reached the parent (a raised exception, or a finding whose
+    message quotes it), else the normalized first line."""
+    low = text.lower()
+    for marker in CUDA_FATAL[:4]:  # the markers that name the error
+        if marker in low:
+            return f"crash: fatal CUDA error: {marker}"
+    return f"crash: fatal CUDA error: {normalize_message(text)}"
+
+
+def classify(text: str) -> str | None:
+    """'setup' (no device), 'resource' (out of memory), 'fatal' (a sticky CUDA error) or None."""
+    low = text.lower()
+    if any(s.lower() in low for s in NO_DEVICE):
+        return "setup"
+    if any(s.lower() in low for s in OUT_OF_MEMORY):
+        return "resource"
+    if any(s in text for s in CUDA_FATAL):
+        return "fatal"
+    return None
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line[:limit]
 
 
 def _context():
@@ -41,15 +134,61 @@ def _context():
     return _CTX
 
 
-def _worker_main(conn, target_name: str, device: str) -> None:
-    """Loop: receive (property, case dict), run the check, send ('ok', findings, compiles)."""
+def _die_with_parent(campaign_pid: int) -> None:
+    """SIGKILL this worker when its parent (the forkserver, or the campaign under spawn) dies.
+
+    The forkserver exits when the campaign dies (EOF on its 'alive' pipe), so the worker goes
+    too, even in the middle of a hung launch.  A parent that died before prctl took effect is
+    caught by the checks after it.
+    """
+    # A forkserver child inherits the write end of the forkserver's 'alive' pipe (Python keeps
+    # it for children that start forkserver processes of their own; this one never does).
+    # Holding it would keep the forkserver alive after the campaign dies, and the forkserver
+    # keeps this worker alive: close it, so the campaign's death ends both.
+    from multiprocessing import forkserver
+
+    alive_fd = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        try:
+            os.close(alive_fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ppid = os.getppid()
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != ppid:
+            os._exit(0)
+    try:
+        os.kill(campaign_pid, 0)
+    except ProcessLookupError:
+        os._exit(0)
+    except PermissionError:
+        pass
+
+
+def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None) -> None:
+    """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
+    send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal'."""
+    _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
     # Ctrl-C reaches the whole process group: the parent stops the campaign and closes this
     # worker; dying here first would look like a crash of the case in flight.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .properties import get_property
-    from .targets import get_target
+    try:
+        from .properties import get_property
+        from .targets import get_target
 
-    target = get_target(target_name)
+        target = get_target(target_name)
+    except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
+        conn.send(("setup", f"{type(e).__name__}: {e}", 0))
+        return
+    conn.send(("ready", None, 0))
     while True:
         try:
             msg = conn.recv()
@@ -58,8 +197,8 @@ def _worker_main(conn, target_name: str, device: str) -> None:
         if msg is None:
             return
         prop_name, case_d = msg
-        case = Case.from_dict(case_d)
         try:
+            case = Case.from_dict(case_d)
             found = get_property(prop_name).check(target, case, device)
             if str(device).startswith("cuda"):
                 import torch
@@ -67,99 +206,351 @@ def _worker_main(conn, target_name: str, device: str) -> None:
                 torch.cuda.synchronize()  # surface asynchronous kernel faults here, not in the next case
         except Exception as e:  # noqa: BLE001 - reported, and fatal ones end the worker
             text = f"{type(e).__name__}: {e}"
-            fatal = any(s in text for s in CUDA_FATAL)
-            conn.send(("fatal" if fatal else "error", text, 0))
+            fatal = classify(text) == "fatal"
+            conn.send(("fatal" if fatal else "error", dict(text=text, outcome=raised(e)), 0))
             if fatal:
                 os._exit(3)
             continue
-        fatal_in = [f for f in found if any(s in f.message for s in CUDA_FATAL)]
+        fatal_in = [f for f in found if classify(f.message) == "fatal"]
         conn.send(("fatal" if fatal_in else "ok",
-                   dict(findings=[f.__dict__ for f in found], metrics=getattr(found, "metrics", None)),
+                   dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None)),
                    sum(target.compile_count(a) for a in {case.arm})))
         if fatal_in:
             os._exit(3)
 
 
+def _rss_mb(pid: int) -> float | None:
+    """Resident set size of `pid` in MiB from /proc/<pid>/statm (None where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            resident = int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _env_max_rss_mb() -> float:
+    raw = os.environ.get(MAX_RSS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_RSS_MB
+    try:
+        val = float(raw)
+    except ValueError:
+        raise SetupError(f"{MAX_RSS_ENV}={raw!r} is not a number of MiB") from None
+    if not val > 0:
+        raise SetupError(f"{MAX_RSS_ENV}={raw!r} must be a positive number of MiB")
+    return val
+
+
 class Worker:
-    """One isolated worker for a target on a device; restarts itself after a crash."""
+    """One isolated worker for a target on a device; restarts itself after a crash or a hang.
+
+    timeout_s      seconds a check may take before it is a hang (settable at any time, see
+                   derive_timeout() and auto_timeout())
+    max_rss_mb     recycle the worker (close it, start a fresh one for the next check) once its
+                   resident memory passes this many MiB; None: $GDN_FUZZ_WORKER_MAX_RSS_MB,
+                   else 8192
+    max_checks     recycle the worker after this many checks (None or 0: never)
+    inflight_dir   where the in-flight case is written before each launch; None: a private
+                   temporary directory, removed by close()
+
+    Measured: last_check_s, max_check_s, median_check_s (seconds from send to answer of the
+    checks that answered, compiles included), last_rss_mb.  Counters: restarts (after a
+    crash or a hang), recycles (memory or check count), checks.
+    """
 
     def __init__(self, target_name: str, device: str, inflight_dir: Path | None = None, name: str = "w0",
-                 timeout_s: float = 600.0):
-        self.target_name, self.device, self.name, self.timeout_s = target_name, device, name, timeout_s
-        self.inflight_dir = Path(inflight_dir) if inflight_dir else Path(tempfile.gettempdir()) / "gdn_fuzz_inflight"
-        self.inflight_dir.mkdir(parents=True, exist_ok=True)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
+                 max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
+        self.target_name, self.device, self.name = target_name, device, name
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.max_rss_mb = _env_max_rss_mb() if max_rss_mb is None else float(max_rss_mb)
+        self.max_checks = max_checks
+        self._private_dir = inflight_dir is None
+        if self._private_dir:
+            self.inflight_dir = Path(tempfile.mkdtemp(prefix="gdn_fuzz_inflight-"))
+            # removed by close(), or at interpreter exit when close() was never called
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.inflight_dir), True)
+        else:
+            self.inflight_dir = Path(inflight_dir)
+            self.inflight_dir.mkdir(parents=True, exist_ok=True)
+            self._cleanup = None
+        self._owner_pid = os.getpid()
         self.restarts = 0
+        self.recycles = 0
+        self.last_recycle_reason = ""
         self.compiles = 0
+        self.checks = 0
+        self.last_check_s: float | None = None
+        self.max_check_s: float | None = None
+        self._times: collections.deque = collections.deque(maxlen=1001)
+        self.last_rss_mb: float | None = None
         self._proc = None
         self._conn = None
+        self._checks_in_worker = 0
+        self._busy = False  # a check was sent and not answered
+        self._last_finished = True
+
+    # ---------------------------------------------------------------- state
 
     @property
     def inflight_path(self) -> Path:
-        return self.inflight_dir / f"{self.name}.json"
+        return self.inflight_dir / f"{self._owner_pid}-{self.name}.json"
 
-    def _start(self):
+    @property
+    def pid(self) -> int | None:
+        """The running worker process's pid (None when none runs)."""
+        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+
+    @property
+    def median_check_s(self) -> float | None:
+        return statistics.median(self._times) if self._times else None
+
+    def auto_timeout(self, budget_left_s: float | None, floor_s: float = TIMEOUT_FLOOR_S) -> float:
+        """Set timeout_s from the budget left and the slowest check measured (derive_timeout)."""
+        self.timeout_s = derive_timeout(budget_left_s, self.max_check_s, floor_s=floor_s)
+        return self.timeout_s
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- process
+
+    def start(self) -> None:
+        """Start the worker process now (check() does it when needed); raises SetupError when
+        the worker cannot start (the target cannot be loaded, the process dies or stalls)."""
+        if self._proc is not None and self._proc.is_alive():
+            return
         ctx = _context()
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device), daemon=True)
-        self._proc.start()
+        proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid()),
+                           daemon=True)
+        proc.start()
         child.close()
-        self._conn = parent
+        self._proc, self._conn = proc, parent
+        self._checks_in_worker = 0
+        self._busy = False
+        deadline = time.monotonic() + self.start_timeout_s
+        why = None
+        while why is None:
+            if parent.poll(0.05):
+                try:
+                    kind, payload, _ = parent.recv()
+                except (EOFError, OSError):  # the process is gone or going
+                    proc.join(timeout=5)
+                    why = f"died while starting ({self._exit_words(proc)[0]})"
+                    continue
+                if kind == "ready":
+                    return
+                why = f"could not load target {self.target_name!r}: {_first_line(payload)}"
+            elif not proc.is_alive():
+                why = f"died while starting ({self._exit_words(proc)[0]})"
+            elif time.monotonic() > deadline:
+                why = f"did not start within {self.start_timeout_s:.0f} s"
+        self._stop(kill=True)
+        raise SetupError(f"the gdn_fuzz worker for target {self.target_name} on {self.device} {why}")
 
-    def close(self):
-        if self._proc is not None:
+    def _stop(self, kill: bool = False) -> None:
+        """End the worker process: politely when idle, SIGKILL when busy, hung or `kill`."""
+        proc, conn = self._proc, self._conn
+        self._proc, self._conn = None, None
+        if proc is None:
+            return
+        if not (kill or self._busy):
             try:
-                self._conn.send(None)
+                conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-            self._proc.join(timeout=5)
-            if self._proc.is_alive():
-                self._proc.kill()
-            self._proc = None
+            proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        if conn is not None:
+            conn.close()
+        self._busy = False
 
-    def _died(self, prop: str, why: str) -> list[Finding]:
+    def _recycle(self, why: str) -> None:
+        self.recycles += 1
+        self.last_recycle_reason = why
+        self._stop()
+
+    def close(self) -> None:
+        """End the worker; remove the in-flight file when its check finished (and the private
+        in-flight directory, if this Worker made one)."""
+        self._stop(kill=self._busy)
+        if self._last_finished:
+            self.inflight_path.unlink(missing_ok=True)
+        if self._cleanup is not None:
+            self._cleanup()  # rmtree, once
+
+    # ---------------------------------------------------------------- files
+
+    def _save_inflight(self, prop: str, case: Case) -> None:
+        """Write the case to inflight_path atomically (no temp file left behind on failure)."""
+        path = self.inflight_path
+        if self._private_dir and not self._cleanup.alive:  # used again after close()
+            self.inflight_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.inflight_dir), True)
+        tmp = None
+        try:
+            self.inflight_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.inflight_dir, prefix=f".{path.stem}-", suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                json.dump(dict(property=prop, target=self.target_name, case=case.to_dict()), fh)
+            os.replace(tmp, path)  # on disk before the launch
+        except BaseException as e:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+            if isinstance(e, OSError):
+                raise SetupError(f"cannot save the in-flight case to {path}: {e}") from e
+            raise
+
+    # ---------------------------------------------------------------- findings
+
+    @staticmethod
+    def _exit_words(proc) -> tuple[str, str]:
+        """(message words, outcome) for a dead worker process."""
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return (f"was killed by signal {name}{_SOLO_SIGNAL.get(-code, '')}",
+                    f"crash: killed by signal {name}")
+        return f"exited with code {code}", f"crash: exited with code {code}"
+
+    def _died(self, prop: str, why: str, outcome: str) -> list[Finding]:
         self.restarts += 1
-        self._proc = None
+        self._stop(kill=True)
+        self._last_finished = False
         return [Finding("crash", "R*", f"the worker process {why} while checking property {prop!r}; "
-                        f"the case was saved before the launch at {self.inflight_path}")]
+                        f"the case was saved before the launch at {self.inflight_path}", outcome=outcome)]
+
+    def _hang(self, prop: str) -> list[Finding]:
+        self.restarts += 1
+        self._stop(kill=True)
+        self._last_finished = False
+        return [Finding("hang", "R*", f"the check of property {prop!r} did not answer within the "
+                        f"{self.timeout_s:.3g} s timeout; the worker was killed (a fresh one takes the next "
+                        f"check) and the case was saved before the launch at {self.inflight_path}",
+                        outcome="hang")]
+
+    def _resource(self, prop: str, text: str) -> list[Finding]:
+        self._recycle("out of memory")
+        return [Finding("resource", "-", f"the check of property {prop!r} ran out of memory "
+                        f"({_first_line(text, 200)}); not a kernel finding: the worker was recycled",
+                        outcome="resource: out of memory")]
+
+    def _setup(self, text: str):
+        self._stop(kill=True)
+        raise SetupError(f"device {self.device!r} is not usable for target {self.target_name}: {_first_line(text)}")
+
+    def _measured(self, dt: float) -> None:
+        self.last_check_s = dt
+        self.max_check_s = dt if self.max_check_s is None else max(self.max_check_s, dt)
+        self._times.append(dt)
+        self._checks_in_worker += 1
+        self.checks += 1
+        rss = _rss_mb(self._proc.pid) if self._proc is not None else None
+        self.last_rss_mb = rss
+        if rss is not None and rss > self.max_rss_mb:
+            self._recycle(f"resident memory {rss:.0f} MiB > {self.max_rss_mb:.0f} MiB")
+        elif self.max_checks and self._checks_in_worker >= self.max_checks:
+            self._recycle(f"{self._checks_in_worker} checks in one worker")
+
+    # ---------------------------------------------------------------- checks
 
     def check(self, prop: str, case: Case) -> list[Finding]:
-        if self._proc is None or not self._proc.is_alive():
-            self._start()
-        fd, tmp = tempfile.mkstemp(dir=self.inflight_dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(dict(property=prop, target=self.target_name, case=case.to_dict()), fh)
-        os.replace(tmp, self.inflight_path)  # on disk before the launch
+        """Run property `prop` on `case` in the worker; the findings (a crash, a hang and an
+        allocation failure are findings too).  Raises SetupError when the environment cannot
+        run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
+        self.start()
+        self._save_inflight(prop, case)
+        self._last_finished = False
         try:
             self._conn.send((prop, case.to_dict()))
         except (BrokenPipeError, OSError):
-            return self._died(prop, "was gone")
-        deadline = time.monotonic() + self.timeout_s
+            self._proc.join(timeout=5)
+            words, outcome = self._exit_words(self._proc)
+            return self._died(prop, words, outcome)
+        self._busy = True
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
         while True:
             if self._conn.poll(0.05):
                 try:
                     kind, payload, compiles = self._conn.recv()
                 except (EOFError, OSError):
                     break
+                dt = time.monotonic() - t0
+                self._busy = False
                 self.compiles = max(self.compiles, compiles)
                 if kind == "fatal":
                     self._proc.join(timeout=10)
-                    msg = payload if isinstance(payload, str) else "; ".join(d["message"] for d in payload["findings"])
-                    out = self._died(prop, f"hit a fatal CUDA error ({msg})")
-                    return out
+                    if "text" in payload:
+                        msg = payload["text"]
+                    else:
+                        msg = next(f["message"] for f in payload["findings"] if classify(f["message"]) == "fatal")
+                    return self._died(prop, f"hit a fatal CUDA error ({msg})", fatal_outcome(msg))
                 if kind == "error":
-                    return [Finding("launch", "H*", f"the check raised {payload}")]
-                self.inflight_path.unlink(missing_ok=True)
+                    text = payload["text"]
+                    verdict = classify(text)
+                    if verdict == "setup":
+                        self._setup(text)
+                    self._last_finished = True
+                    self.inflight_path.unlink(missing_ok=True)
+                    if verdict == "resource":
+                        return self._resource(prop, text)
+                    self._measured(dt)
+                    return [Finding("launch", "H*", f"the check raised {text}", outcome=payload["outcome"])]
                 res = Findings(Finding(**d) for d in payload["findings"])
                 res.metrics = payload["metrics"]
+                said = "\n".join(f"{f.message} {f.outcome}" for f in res)
+                verdict = classify(said) if res else None
+                if verdict == "setup":
+                    self._setup(next(f.message for f in res if classify(f"{f.message} {f.outcome}") == "setup"))
+                self._last_finished = True
+                self.inflight_path.unlink(missing_ok=True)
+                if verdict == "resource":
+                    return self._resource(prop, next(f.message for f in res
+                                                     if classify(f"{f.message} {f.outcome}") == "resource"))
+                self._measured(dt)
                 return res
             if not self._proc.is_alive():
                 break
             if time.monotonic() > deadline:
-                self._proc.kill()
-                self._proc.join()
-                return self._died(prop, f"did not answer within {self.timeout_s:.0f}s and was killed")
+                return self._hang(prop)
         self._proc.join(timeout=5)
-        code = self._proc.exitcode
-        why = (f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with code {code}")
-        return self._died(prop, why)
+        words, outcome = self._exit_words(self._proc)
+        return self._died(prop, words, outcome)
+
+    def reproduces(self, prop: str, case: Case, signature: str, timeout_s: float | None = None) -> bool | None:
+        """Does the finding `signature` come back when `case` runs in a FRESH worker process?
+
+        A new worker is started, runs the one check and is closed (this worker is untouched).
+        True: a finding with that signature came back; False: the check ran and did not give
+        it; None: cannot tell (the fresh run ran out of memory, or hung where the signature
+        is not a hang).  SetupError propagates.  The campaign files a kernel bug only when
+        this is True.
+        """
+        w = Worker(self.target_name, self.device, inflight_dir=self.inflight_dir, name=f"{self.name}-repro",
+                   timeout_s=self.timeout_s if timeout_s is None else timeout_s, max_rss_mb=self.max_rss_mb,
+                   max_checks=None, start_timeout_s=self.start_timeout_s)
+        try:
+            found = w.check(prop, case)
+        finally:
+            w._last_finished = True  # the caller holds the case: no in-flight file left for it
+            w.close()
+        if any(f.signature() == signature for f in found):
+            return True
+        if any(f.prop in ("resource", "hang") for f in found):
+            return None
+        return False
