@@ -106,6 +106,8 @@ class CampaignFinding:
     shrink_s: float | None = None  # seconds from the first failing example to the end of its round
     shrunk: bool = True  # False: the budget (or an interrupt) ended shrinking early; best case so far
     flaky: bool = False  # Hypothesis could not reproduce it on replay
+    reproduced: bool | None = True  # in a fresh worker (isolated campaigns): False/None = not filed
+    entry_note: str = ""  # why no corpus entry was written (read-only corpus)
 
     def key(self) -> str:
         return self.signature
@@ -114,7 +116,7 @@ class CampaignFinding:
         return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
                     findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
                     examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
-                    flaky=self.flaky,
+                    flaky=self.flaky, reproduced_in_fresh_worker=self.reproduced,
                     corpus_entry=None if self.entry_path is None else Path(self.entry_path).name)
 
 
@@ -160,6 +162,7 @@ class Campaign:
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
     repeats: Counter = field(default_factory=Counter)  # signature found earlier in this run -> examples again
+    env_failures: Counter = field(default_factory=Counter)  # failures of the machine (out of memory), not bugs
     interrupted: bool = False
 
     def __post_init__(self):
@@ -205,6 +208,9 @@ class Campaign:
 
     def _check(self, prop: Property, case: Case):
         if self._worker is not None:
+            seconds = None if self._deadline is None else self._deadline[0]
+            # a hang is called after 20 x the slowest check so far, never past the budget (floor 30 s)
+            self._worker.auto_timeout(None if seconds is None else max(seconds - self.stats.elapsed, 0.0))
             return self._worker.check(prop.name, case)
         return prop.check(self.target, case, self.device)
 
@@ -213,8 +219,11 @@ class Campaign:
             return
         from . import corpus
 
-        f.entry_path, f.entry_new = corpus.write(
-            corpus.make_entry(f.prop, f.case, f.findings, self.target.name, signature=f.signature), self.corpus_dir)
+        try:
+            f.entry_path, f.entry_new = corpus.write(
+                corpus.make_entry(f.prop, f.case, f.findings, self.target.name, signature=f.signature), self.corpus_dir)
+        except PermissionError as e:  # a read-only corpus (CI): the finding is still reported
+            f.entry_note = str(e).splitlines()[0]
 
     def budget_spent(self) -> bool:
         if self._deadline is None:
@@ -225,10 +234,15 @@ class Campaign:
 
     def classify(self, found) -> tuple[list, list]:
         """(known, new) findings of one launch: known = signature of an open corpus entry of
-        this target or of a finding this campaign already reported."""
+        this target or of a finding this campaign already reported.  A failure of the machine
+        (the worker ran out of memory: prop "resource") is neither: it is counted in
+        env_failures and never filed as a kernel bug."""
         known, new = [], []
         for f in found:
             sig = f.signature()
+            if f.prop == "resource":
+                self.env_failures[sig] += 1
+                continue
             (known if sig in self.known or sig in self.findings else new).append(f)
         return known, new
 
@@ -309,8 +323,13 @@ class Campaign:
     def _keep(self, f: CampaignFinding, on_finding) -> None:
         if f.signature in self.findings:
             return
+        if self._worker is not None:
+            # a kernel bug is filed only when it comes back in a fresh worker process (a worker
+            # poisoned by an earlier launch, or a flaky machine, gives no corpus entry)
+            f.reproduced = self._worker.reproduces(f.prop, f.case, f.signature)
         self.findings[f.signature] = f
-        self._record(f)
+        if f.reproduced is not False and f.reproduced is not None:
+            self._record(f)
         on_finding(f)
 
     def run(self, *, seconds: float | None = None, examples: int | None = None, on_example=lambda: None,

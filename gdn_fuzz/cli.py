@@ -50,6 +50,12 @@ def _target_device_arms(args):
         console.print(f"[red]target {name!r} unavailable:[/red] {e}")
         return None
     device = args.device or _default_device(target)
+    import torch
+
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        console.print(f"[red]cannot run:[/red] --device {device}: this machine has no usable CUDA device "
+                      f"(torch {torch.__version__}, cuda available: False); use --device cpu")
+        return None
     why = target.unavailable_reason(device)
     if why:
         console.print(f"[red]cannot run:[/red] {why}")
@@ -95,6 +101,7 @@ def validate_run_args(args) -> None:
 
 def cmd_run(args) -> int:
     from .campaign import Campaign
+    from .isolation import SetupError
     from .properties import REGISTRY, get_property
     from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
@@ -163,19 +170,28 @@ def cmd_run(args) -> int:
             progress.console.print(f.case.describe(), markup=False)
             for x in f.findings:
                 progress.console.print("  " + str(x), markup=False)
+            if f.reproduced is not True:
+                progress.console.print("  did not come back in a fresh worker process: not filed as a kernel bug"
+                                       if f.reproduced is False else
+                                       "  could not be re-run in a fresh worker (out of memory or a hang): not filed",
+                                       markup=False)
             if f.entry_path is not None:
                 progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
                                        markup=False)
+            elif f.entry_note:
+                progress.console.print(f"  corpus: {f.entry_note}", markup=False)
 
-        if args.warm_up:
-            progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
-            camp.warm_up()
-            progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT compiles "
-                                   "(outside the budget)")
         try:
+            if args.warm_up:
+                progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
+                camp.warm_up()
+                progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT "
+                                       "compiles (outside the budget)")
             camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found, on_first=first)
-        except PermissionError as e:  # read-only corpus: the summary still comes
-            progress.console.print(f"[red]corpus:[/red] {str(e).splitlines()[0]}", markup=True)
+        except SetupError as e:  # the machine cannot run checks: not a finding
+            progress.stop()
+            console.print(f"[red]setup error:[/red] {e}", markup=True)
+            return EXIT_USAGE
         tick()
     s = camp.stats
     t = Table(title="gdn-fuzz summary")
@@ -197,6 +213,9 @@ def cmd_run(args) -> int:
         for k in camp.known_summary():
             ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
         console.print(ft)
+    for sig, n in sorted(camp.env_failures.items()):
+        console.print(f"[yellow]failure of the machine, not of the kernel[/yellow] ({n} example(s)): {sig}",
+                      markup=True)
     if camp.interrupted:
         console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
@@ -207,7 +226,7 @@ def cmd_run(args) -> int:
                    budget_examples=args.examples, interrupted=camp.interrupted,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    findings=[f.to_record() for f in camp.findings.values()],
-                   known=camp.known_summary())
+                   known=camp.known_summary(), machine_failures=dict(camp.env_failures))
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)
     if camp.interrupted:
