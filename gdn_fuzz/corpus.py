@@ -120,6 +120,8 @@ def default_dir() -> Path:
 
 
 def is_readonly() -> bool:
+    """GDN_FUZZ_CORPUS_READONLY set: the configured corpus ($GDN_FUZZ_CORPUS or ./corpus) is never
+    written (CI).  A folder passed explicitly elsewhere (a test's temporary corpus) still is."""
     return os.environ.get(READONLY_ENV, "").strip() not in ("", "0", "false", "no")
 
 
@@ -129,7 +131,7 @@ def write(entry: Entry, directory: Path | None = None) -> tuple[Path, bool]:
     path = d / entry.filename()
     if path.exists():
         return path, False
-    if is_readonly():
+    if is_readonly() and d.resolve() == default_dir().resolve():
         raise PermissionError(f"corpus {d} is read-only ({READONLY_ENV} is set); new entry {path.name} not written:\n"
                               + json.dumps(entry.to_dict(), indent=1))
     d.mkdir(parents=True, exist_ok=True)

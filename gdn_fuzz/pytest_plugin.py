@@ -89,7 +89,13 @@ def pytest_addoption(parser):
     g.addoption("--gdn-corpus-readonly", action="store_true", help="never write new corpus entries")
 
 
+_ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY")
+
+
 def pytest_configure(config):
+    # the corpus options reach gdn_fuzz.corpus through the environment for this session only:
+    # restored at unconfigure, so an in-process child session (pytester) cannot leak its corpus
+    config._gdn_saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
     if config.getoption("--gdn-corpus"):
         os.environ["GDN_FUZZ_CORPUS"] = str(config.getoption("--gdn-corpus"))
     if config.getoption("--gdn-corpus-readonly"):
@@ -104,6 +110,15 @@ def pytest_configure(config):
                 get_arm(a.strip())
             except ValueError as e:
                 raise pytest.UsageError(f"--gdn-arms={arms!r}: {e}") from None
+
+
+def pytest_unconfigure(config):
+    for k, v in getattr(config, "_gdn_saved_env", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _KNOWN_CACHE.clear()
 
 
 def _selection(config):

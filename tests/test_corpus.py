@@ -75,11 +75,15 @@ def test_damaged_entry_names_the_file(tmp_path, damage, words):
 
 
 def test_readonly_corpus_refuses_with_the_entry(tmp_path, monkeypatch):
-    """Read-only mode (CI) never writes, and says what it would have written."""
+    """Read-only mode (CI) never writes the configured corpus, and says what it would have written;
+    a folder given explicitly elsewhere (a test's own temporary corpus) is still written."""
     monkeypatch.setenv(corpus.READONLY_ENV, "1")
+    monkeypatch.setenv(corpus.CORPUS_ENV, str(tmp_path / "configured"))
     with pytest.raises(PermissionError, match="read-only"):
-        corpus.write(_entry(2), tmp_path)
-    assert not list(tmp_path.iterdir())
+        corpus.write(_entry(2), tmp_path / "configured")
+    assert not (tmp_path / "configured").exists()
+    path, new = corpus.write(_entry(2), tmp_path / "elsewhere")
+    assert new and path.parent == tmp_path / "elsewhere"
 
 
 def test_campaign_writes_one_shrunk_entry_then_deduplicates(tmp_path):

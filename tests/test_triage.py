@@ -157,9 +157,9 @@ def test_budget_is_kept_while_a_finding_is_shrunk(tmp_path):
     c = Timed(**opts)
     budget = 5.0
     c.run(seconds=budget, on_first=lambda *a: firsts.append(a))
-    # a check already running at the deadline finishes (a launch is not interrupted): on a loaded
-    # machine that one check may take longer than 10% of the budget
-    assert c.stats.elapsed <= max(1.1 * budget, budget + max(checks)), (c.stats.elapsed, max(checks))
+    # the budget + 10%, plus the one check that was running at the deadline (a launch is not
+    # interrupted; on a 60 s budget that is under 1%, on this 5 s one it is not)
+    assert c.stats.elapsed <= 1.1 * budget + max(checks), (c.stats.elapsed, max(checks))
     (f,) = c.findings.values()
     assert f.signature == TWO_BUGS_B
     assert len(firsts) == 1 and firsts[0][0] == f.signature
