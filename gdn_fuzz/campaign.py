@@ -323,9 +323,10 @@ class Campaign:
     def _keep(self, f: CampaignFinding, on_finding) -> None:
         if f.signature in self.findings:
             return
-        if self._worker is not None:
+        if self._worker is not None and not self.interrupted:
             # a kernel bug is filed only when it comes back in a fresh worker process (a worker
-            # poisoned by an earlier launch, or a flaky machine, gives no corpus entry)
+            # poisoned by an earlier launch, or a flaky machine, gives no corpus entry); after an
+            # interrupt nothing new is started: what was seen is stored as it is
             f.reproduced = self._worker.reproduces(f.prop, f.case, f.signature)
         self.findings[f.signature] = f
         if f.reproduced is not False and f.reproduced is not None:

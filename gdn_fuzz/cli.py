@@ -135,6 +135,8 @@ def cmd_run(args) -> int:
     from . import corpus
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
+    if corpus_dir is not None:
+        corpus.clean_stale_temps(corpus_dir)
     known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
@@ -301,14 +303,20 @@ def cmd_replay(args) -> int:
             continue
         target = args.target or e.target
         try:
+            if not args.target:
+                corpus.check_replayable(e, args.allow_target_paths or None)
             tgt = get_target(target)
             why = tgt.unavailable_reason(args.device or _default_device(tgt))
+        except corpus.CorpusError as err:  # an entry naming a file: refused, not skipped
+            t.add_row(str(p), e.status, target, e.prop, "[red]refused[/red]", str(err))
+            unexpected += 1
+            continue
         except (TargetUnavailable, ValueError) as err:
             why = str(err)
         if why:
             t.add_row(str(p), e.status, target, e.prop, "skipped", why)
             continue
-        found = corpus.replay(e, target, args.device or _default_device(tgt))
+        found = corpus.replay(e, target, args.device or _default_device(tgt), allow_paths=True)
         ok, what = corpus.verdict(e, found)
         unexpected += not ok
         res = what if ok else f"[red]{what}[/red]"
@@ -398,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("entries", nargs="*", help="entry files or folders (default: the corpus folder)")
     rp.add_argument("--target", help="replay against this target instead of each entry's own")
     rp.add_argument("--device")
+    rp.add_argument("--allow-target-paths", action="store_true",
+                    help="replay entries whose target is a file path (imports and runs that file; "
+                         "never use on entries you did not write)")
     rp.set_defaults(func=cmd_replay)
     rep = sub.add_parser("report", help="Markdown/HTML report with coverage and error plots of a campaign")
     rep.add_argument("records", help="the campaign's --record JSON lines")

@@ -28,6 +28,8 @@ from pathlib import Path
 from .case import Case
 
 FORMAT = "gdn_fuzz.corpus/2"
+ALLOW_PATHS_ENV = "GDN_FUZZ_ALLOW_TARGET_PATHS"
+BUILTIN_TARGETS = ("reference", "production", "sm100")
 CORPUS_ENV = "GDN_FUZZ_CORPUS"
 READONLY_ENV = "GDN_FUZZ_CORPUS_READONLY"
 
@@ -183,6 +185,26 @@ def read(path: Path) -> Entry:
     return e
 
 
+STALE_TEMP_S = 3600.0  # a hidden temporary entry older than this was left by a killed writer
+
+
+def clean_stale_temps(directory: Path | None = None, older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove hidden temporary entries (.tmp-*.partial) left by writers that were killed mid-write;
+    recent ones may belong to a live writer and stay.  Returns how many were removed."""
+    d = Path(directory) if directory is not None else default_dir()
+    if not d.is_dir():
+        return 0
+    n, now = 0, time.time()
+    for p in d.glob(".tmp-*"):
+        try:
+            if now - p.stat().st_mtime > older_than_s:
+                p.unlink()
+                n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
 def entries(directory: Path | None = None) -> list[Path]:
     """The entry files of a corpus folder: *.json, hidden files (writes in progress) left out."""
     d = Path(directory) if directory is not None else default_dir()
@@ -227,15 +249,48 @@ def verdict(entry: Entry, findings) -> tuple[bool, str]:
     return False, f"fails differently: expected {entry.signature!r}, got " + "; ".join(sigs)
 
 
-def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", isolate: bool | None = None):
+def paths_allowed() -> bool:
+    return os.environ.get(ALLOW_PATHS_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+def check_replayable(entry: Entry, allow_paths: bool | None = None) -> None:
+    """Corpus entries are data, never code: the target an entry names may only be a built-in
+    target or a catalogued mutant.  An entry naming a file (a campaign against a user's kernel
+    file writes those) replays only when the person running asks for it: allow_paths=True
+    (`gdn-fuzz replay --allow-target-paths`) or GDN_FUZZ_ALLOW_TARGET_PATHS=1, never by default,
+    so a pull request that adds one JSON file cannot make CI import a file of its choosing."""
+    t = entry.target
+    where = f"corpus entry {entry.path or entry.filename()}"
+    if t in BUILTIN_TARGETS:
+        return
+    if t.startswith("mutant:"):
+        from .mutants import get_mutant
+
+        try:
+            get_mutant(t.split(":", 1)[1])
+        except ValueError as e:
+            raise CorpusError(f"{where}: target={t!r}: {e}") from None
+        return
+    if allow_paths if allow_paths is not None else paths_allowed():
+        return
+    raise CorpusError(f"{where}: target={t!r} names a file; entries may name only {', '.join(BUILTIN_TARGETS)} or "
+                      f"mutant:NAME.  To replay it against that file on purpose, pass --allow-target-paths to "
+                      f"gdn-fuzz replay or set {ALLOW_PATHS_ENV}=1 (never in CI), or replay with --target NAME")
+
+
+def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", isolate: bool | None = None,
+           allow_paths: bool | None = None):
     """Re-run the entry's property on its case; returns the findings (empty = passes).
 
-    Crash entries (and isolate=True) run in a worker process (gdn_fuzz.isolation), so a
-    reproduced crash is a finding, not the end of the caller's process.
+    The entry's own target must pass check_replayable (target_name, the caller's explicit
+    choice, is not checked).  Crash entries (and isolate=True) run in a worker process
+    (gdn_fuzz.isolation), so a reproduced crash is a finding, not the end of the caller's process.
     """
     from .properties import get_property
     from .targets import get_target
 
+    if target_name is None:
+        check_replayable(entry, allow_paths)
     name = target_name or entry.target
     if isolate is None:
         isolate = is_crash(entry)

@@ -29,6 +29,10 @@ def test_corpus_entry(path, request, gdn_selection):
         pytest.fail(str(e), pytrace=False)
     _, _, device = gdn_selection
     try:
+        corpus.check_replayable(entry)  # data, never code: no entry may make this run import a file
+    except corpus.CorpusError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
         target = get_target(entry.target)
         dev = "cuda" if target.needs_cuda else device
         why = target.unavailable_reason(dev)

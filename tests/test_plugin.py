@@ -42,3 +42,38 @@ def test_bad_arm_option_is_a_clear_error(pytester):
     res = pytester.runpytest("--gdn-arms", "bf32")
     assert res.ret != 0
     res.stderr.fnmatch_lines(["*--gdn-arms='bf32': arm='bf32' is not a legal dtype arm; use one of bf16*"])
+
+
+KNOWN_TEST = '''
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.checks import check_launch
+from gdn_fuzz.targets import get_target
+
+FLUSH = Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 13, 0),), seed=0)
+
+
+def test_fold(gdn_verdict):
+    t = get_target("mutant:fold_skipped")
+    gdn_verdict("launch", FLUSH, check_launch(t, FLUSH), t.name)
+'''
+
+
+def test_known_bug_makes_a_property_test_an_xfail_naming_its_entry(pytester, tmp_path):
+    """Only known signatures (open entries of the target) -> xfail naming the entry; with the entry
+    gone the same test fails and its shrunk case is written as a new entry."""
+    from gdn_fuzz import corpus
+    from gdn_fuzz.checks import check_launch
+    from gdn_fuzz.case import Case, Row
+    from gdn_fuzz.targets import get_target
+
+    case = Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 13, 0),), seed=0)
+    t = get_target("mutant:fold_skipped")
+    path, _ = corpus.write(corpus.make_entry("launch", case, check_launch(t, case), t.name), tmp_path / "known")
+    pytester.makepyfile(test_known=KNOWN_TEST)
+    res = pytester.runpytest("--gdn-corpus", str(tmp_path / "known"), "-rx", "-p", "no:cacheprovider")
+    res.assert_outcomes(xfailed=1)
+    res.stdout.fnmatch_lines([f"*known bug(s) only: oracle.fold [[]M7] out of tolerance (flush rows)*{path.name}*"])
+    res = pytester.runpytest("--gdn-corpus", str(tmp_path / "empty"), "-p", "no:cacheprovider")
+    res.assert_outcomes(failed=1)
+    assert [corpus.read(p).signature for p in corpus.entries(tmp_path / "empty")] == [
+        "oracle.fold [M7] out of tolerance (flush rows)"]

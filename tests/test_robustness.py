@@ -432,3 +432,118 @@ def test_every_drawn_and_stored_case_is_valid():
         Case.from_dict(json.loads(p.read_text())["case"])
     assert dataclasses.replace(OK, T=6).T == 6
     assert OK.draw_bytes() < case_mod.MAX_CASE_BYTES
+
+
+# ------------------------------------------------------------------ the corpus is data
+
+
+def _cli(argv, cwd, **env):
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "gdn_fuzz.cli", *argv], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=e)
+
+
+def _entry_dict(target: str, **case_over) -> dict:
+    from gdn_fuzz import corpus
+    from gdn_fuzz.checks import Finding
+
+    case = dict(OK.to_dict(), **case_over)
+    e = corpus.make_entry("launch", OK, [Finding("launch", "H*", "x", outcome="raised RuntimeError: x")], target)
+    d = e.to_dict()
+    d["case"] = case
+    return d
+
+
+def test_an_entry_naming_a_file_runs_no_code(tmp_path, monkeypatch):
+    """A corpus entry whose target is a path is refused by replay (CLI, corpus.replay and the
+    pytest corpus test) unless the person running allows paths; the file is never imported.
+    On main `gdn-fuzz replay` imported and ran it, and reported the entry as an expected XFAIL."""
+    from gdn_fuzz import corpus
+
+    evil = tmp_path / "evil.py"
+    marker = tmp_path / "ran"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('x')\nRING_SLOTS, W_RING = 32, 16\n"
+                    "def gated_delta_rule_mtp_ucache_flush(**kw):\n    raise RuntimeError('x')\n")
+    cdir = tmp_path / "c"
+    cdir.mkdir()
+    (cdir / "launch-evil.json").write_text(json.dumps(_entry_dict(str(evil))))
+    p = _cli(["replay", str(cdir)], tmp_path)
+    assert p.returncode == 1 and "names a file" in p.stdout and not marker.exists(), p.stdout
+    monkeypatch.delenv(corpus.ALLOW_PATHS_ENV, raising=False)
+    with pytest.raises(corpus.CorpusError, match="names a file"):
+        corpus.replay(corpus.read(cdir / "launch-evil.json"))
+    assert not marker.exists()
+    bad_mutant = corpus.read(cdir / "launch-evil.json")
+    bad_mutant.target = "mutant:no_such_mutant"
+    with pytest.raises(corpus.CorpusError, match="not in the catalogue"):
+        corpus.check_replayable(bad_mutant)
+
+
+@pytest.mark.parametrize("over, field", [
+    (dict(T=3), "T"), (dict(H=-1), "H"), (dict(pool=20000 * 1000), "pool"), (dict(HV=3, H=2), "HV"),
+])
+def test_an_entry_with_illegal_fields_is_refused_before_allocation(tmp_path, over, field):
+    """Every field is checked against its bounds when the entry is read: one line naming the file
+    and the field, nothing allocated.  On main an entry with T = 3 or a 65 TB pool "reproduced"
+    its open bug (any failure passed) after allocating what it could."""
+    from gdn_fuzz import corpus
+
+    f = tmp_path / "launch-bad.json"
+    f.write_text(json.dumps(_entry_dict("reference", **over)))
+    with pytest.raises(corpus.CorpusError) as e:
+        corpus.read(f)
+    msg = str(e.value)
+    assert str(f) in msg and field in msg and "\n" not in msg
+
+
+def test_stale_temporary_entries_are_not_read_and_are_cleaned(tmp_path):
+    """A writer killed mid-write leaves a hidden .tmp-*.partial file: readers never see it and a
+    campaign start removes it once it is stale.  On main `.tmp-*.json` files were read as entries."""
+    from gdn_fuzz import corpus
+
+    old, new = tmp_path / ".tmp-abc.partial", tmp_path / ".tmp-def.partial"
+    old.write_text("")
+    new.write_text("{")
+    os.utime(old, (time.time() - 2 * corpus.STALE_TEMP_S,) * 2)
+    assert corpus.entries(tmp_path) == []
+    assert corpus.clean_stale_temps(tmp_path) == 1 and not old.exists() and new.exists()
+
+
+# ------------------------------------------------------------------ budgets, read-only, devices
+
+
+def test_example_budget_is_exact_with_shrinking():
+    """--examples N checks N examples, shrinking included.  On main 200 examples ran 212."""
+    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    c = Campaign(target=get_target("mutant:fold_skipped"), device="cpu", properties=[get_property("launch")],
+                 arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=2, round_examples=25)
+    c.run(examples=30)
+    assert c.stats.examples == 30 and c.findings
+
+
+def test_readonly_corpus_campaign_reports_and_exits_1(tmp_path):
+    """GDN_FUZZ_CORPUS_READONLY=1: the finding is in the summary and the JSON, nothing is written,
+    exit 1, no traceback.  On main the first finding ended the run with a PermissionError traceback."""
+    cdir = tmp_path / "corpus"
+    p = _cli(["run", "--target", "mutant:fold_skipped", "--arms", "bf16", "--T", "4", "--buckets", "4",
+              "--property", "launch", "--examples", "30", "--no-isolate", "--json", str(tmp_path / "r.json")],
+             tmp_path, GDN_FUZZ_CORPUS_READONLY="1", GDN_FUZZ_CORPUS=str(cdir))
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "read-only" in p.stdout and not cdir.exists()
+    rec = json.loads((tmp_path / "r.json").read_text())
+    assert [f["signature"] for f in rec["findings"]] == ["oracle.fold [M7] out of tolerance (flush rows)"]
+    assert rec["findings"][0]["corpus_entry"] is None
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
+def test_cuda_device_without_a_gpu_is_a_setup_error(tmp_path):
+    """--device cuda on a machine without CUDA: exit 2 and one line, no findings, no corpus entries.
+    On main: 9 findings "Torch not compiled with CUDA enabled" and 9 open entries."""
+    p = _cli(["run", "--device", "cuda", "--examples", "5", "--corpus", str(tmp_path / "c")], tmp_path)
+    assert p.returncode == 2 and "no usable CUDA device" in p.stdout and "Traceback" not in p.stdout + p.stderr
+    assert not (tmp_path / "c").exists()

@@ -195,11 +195,15 @@ def test_usage_errors_exit_2_in_one_line(argv, says, tmp_path):
     assert says in p.stdout + p.stderr and "Traceback" not in p.stdout + p.stderr
 
 
-def test_a_target_that_does_not_import_is_a_setup_error(tmp_path):
+@pytest.mark.parametrize("source, says", [
+    ("def gated_delta_rule_mtp_ucache_flush(:\n", "SyntaxError"),
+    ("def gated_delta_rule_mtp_ucache_flush(**kw):\n    pass\n", "RING_SLOTS"),
+])
+def test_a_target_that_does_not_load_is_a_setup_error(tmp_path, source, says):
     bad = tmp_path / "broken.py"
-    bad.write_text("def gated_delta_rule_mtp_ucache_flush(:\n")
+    bad.write_text(source)
     p = _run_cli(["run", "--target", str(bad), "--examples", "5", "--no-corpus"], tmp_path)
-    assert p.returncode == cli.EXIT_USAGE and "SyntaxError" in p.stdout and "Traceback" not in p.stdout + p.stderr
+    assert p.returncode == cli.EXIT_USAGE and says in p.stdout and "Traceback" not in p.stdout + p.stderr
 
 
 def test_exit_codes_new_known_and_fail_on_known(tmp_path):
