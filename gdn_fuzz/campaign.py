@@ -106,7 +106,6 @@ class CampaignFinding:
     shrink_s: float | None = None  # seconds from the first failing example to the end of its round
     shrunk: bool = True  # False: the budget (or an interrupt) ended shrinking early; best case so far
     flaky: bool = False  # Hypothesis could not reproduce it on replay
-    reproduced: bool | None = True  # in a fresh worker (isolated campaigns): False/None = not filed
     entry_note: str = ""  # why no corpus entry was written (read-only corpus)
 
     def key(self) -> str:
@@ -116,7 +115,7 @@ class CampaignFinding:
         return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
                     findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
                     examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
-                    flaky=self.flaky, reproduced_in_fresh_worker=self.reproduced,
+                    flaky=self.flaky,
                     corpus_entry=None if self.entry_path is None else Path(self.entry_path).name)
 
 
@@ -158,11 +157,13 @@ class Campaign:
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
     draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
+    launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
     repeats: Counter = field(default_factory=Counter)  # signature found earlier in this run -> examples again
     env_failures: Counter = field(default_factory=Counter)  # failures of the machine (out of memory), not bugs
+    unconfirmed: dict = field(default_factory=dict)  # signature -> first case, when a fresh worker did not repeat it
     interrupted: bool = False
 
     def __post_init__(self):
@@ -208,9 +209,12 @@ class Campaign:
 
     def _check(self, prop: Property, case: Case):
         if self._worker is not None:
-            seconds = None if self._deadline is None else self._deadline[0]
-            # a hang is called after 20 x the slowest check so far, never past the budget (floor 30 s)
-            self._worker.auto_timeout(None if seconds is None else max(seconds - self.stats.elapsed, 0.0))
+            if self.launch_timeout_s is not None:
+                self._worker.timeout_s = self.launch_timeout_s
+            else:
+                # a hang is called after 20 x the slowest check so far, never past the budget (floor 30 s)
+                seconds = None if self._deadline is None else self._deadline[0]
+                self._worker.auto_timeout(None if seconds is None else max(seconds - self.stats.elapsed, 0.0))
             return self._worker.check(prop.name, case)
         return prop.check(self.target, case, self.device)
 
@@ -313,6 +317,17 @@ class Campaign:
         if not new:
             return None
         sig = min(f.signature() for f in new)  # one signature per failing example, deterministically
+        if sig not in self._first and self._worker is not None:
+            # a kernel bug only if it comes back in a fresh worker process (not an artefact of a
+            # worker poisoned by an earlier launch, nor of a flaky machine); checked at once, on the
+            # first failing case, so that the check is paid inside the budget
+            again = self._worker.reproduces(prop.name, case, sig)
+            if again is not True:
+                self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
+                                                      findings=[str(f) for f in found]))
+                return None
+        if sig in self.unconfirmed:
+            return None
         self._best[sig] = (prop.name, case, found)
         if sig not in self._first:
             t = self.stats.elapsed
@@ -323,14 +338,8 @@ class Campaign:
     def _keep(self, f: CampaignFinding, on_finding) -> None:
         if f.signature in self.findings:
             return
-        if self._worker is not None and not self.interrupted:
-            # a kernel bug is filed only when it comes back in a fresh worker process (a worker
-            # poisoned by an earlier launch, or a flaky machine, gives no corpus entry); after an
-            # interrupt nothing new is started: what was seen is stored as it is
-            f.reproduced = self._worker.reproduces(f.prop, f.case, f.signature)
-        self.findings[f.signature] = f
-        if f.reproduced is not False and f.reproduced is not None:
-            self._record(f)
+        self.findings[f.signature] = f  # isolated: its first failing case came back in a fresh worker
+        self._record(f)
         on_finding(f)
 
     def run(self, *, seconds: float | None = None, examples: int | None = None, on_example=lambda: None,

@@ -81,6 +81,8 @@ def validate_run_args(args) -> None:
         raise UsageError(f"--seconds={args.seconds:g}: give a positive number of seconds")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples={args.examples}: give at least 1")
+    if args.launch_timeout is not None and not (args.launch_timeout > 0):
+        raise UsageError(f"--launch-timeout={args.launch_timeout:g}: give a positive number of seconds")
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
     for b in args.buckets:
@@ -141,7 +143,7 @@ def cmd_run(args) -> int:
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
-                    record_path=args.record, known=known)
+                    record_path=args.record, known=known, launch_timeout_s=args.launch_timeout)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -172,11 +174,6 @@ def cmd_run(args) -> int:
             progress.console.print(f.case.describe(), markup=False)
             for x in f.findings:
                 progress.console.print("  " + str(x), markup=False)
-            if f.reproduced is not True:
-                progress.console.print("  did not come back in a fresh worker process: not filed as a kernel bug"
-                                       if f.reproduced is False else
-                                       "  could not be re-run in a fresh worker (out of memory or a hang): not filed",
-                                       markup=False)
             if f.entry_path is not None:
                 progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
                                        markup=False)
@@ -215,6 +212,10 @@ def cmd_run(args) -> int:
         for k in camp.known_summary():
             ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
         console.print(ft)
+    for sig, u in sorted(camp.unconfirmed.items()):
+        console.print(f"[yellow]not confirmed[/yellow] (its first failing case did not come back in a fresh worker "
+                      f"process: {'passed' if u['reproduced'] is False else 'out of memory or a hang'}; not filed, "
+                      f"not shrunk): {sig}", markup=True)
     for sig, n in sorted(camp.env_failures.items()):
         console.print(f"[yellow]failure of the machine, not of the kernel[/yellow] ({n} example(s)): {sig}",
                       markup=True)
@@ -228,7 +229,8 @@ def cmd_run(args) -> int:
                    budget_examples=args.examples, interrupted=camp.interrupted,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    findings=[f.to_record() for f in camp.findings.values()],
-                   known=camp.known_summary(), machine_failures=dict(camp.env_failures))
+                   known=camp.known_summary(), machine_failures=dict(camp.env_failures),
+                   unconfirmed=camp.unconfirmed)
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)
     if camp.interrupted:
@@ -384,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warm-up", action="store_true",
                    help="first launch one legal case per (arm, T, geometry, bucket), paying every JIT compile "
                         "outside the budget (reported apart); the budget then measures checking, not compiling")
+    r.add_argument("--launch-timeout", type=float,
+                   help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
+                        "check so far, at least 30 s, never past the budget left)")
     r.add_argument("--fail-on-known", action="store_true",
                    help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
                         f"target); by default they are listed and the exit code is {EXIT_OK}")

@@ -44,7 +44,7 @@ def parse_gpus(spec: str) -> list[str]:
 # that is not here, so a new option is never silently dropped by --gpus.
 HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
-                                 "fail_on_known", "gpus"})
+                                 "fail_on_known", "launch_timeout", "gpus"})
 
 
 def child_argv(args, worker: int, json_path: str, record_path: str | None, corpus_dir: str | None) -> list[str]:
@@ -73,6 +73,8 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
         argv += ["--warm-up"]
     if getattr(args, "fail_on_known", False):
         argv += ["--fail-on-known"]
+    if getattr(args, "launch_timeout", None) is not None:
+        argv += ["--launch-timeout", str(args.launch_timeout)]
     if record_path:
         argv += ["--record", record_path]
     return argv

@@ -47,7 +47,7 @@ def test_campaign_with_isolation_records_the_crash(tmp_path):
     full = [r for r in f.case.rows if not r.pad and r.hist_len == 16]
     assert len(full) == 1 and len([r for r in f.case.rows if not r.pad]) == 1
     assert corpus.read(f.entry_path).signature == "crash [R*] crash: killed by signal SIGSEGV"
-    assert f.reproduced is True  # filed only after the crash came back in a fresh worker
+    assert not c.unconfirmed  # the crash came back in a fresh worker before it was shrunk and filed
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_findings(tmp_path):

@@ -547,3 +547,62 @@ def test_cuda_device_without_a_gpu_is_a_setup_error(tmp_path):
     p = _cli(["run", "--device", "cuda", "--examples", "5", "--corpus", str(tmp_path / "c")], tmp_path)
     assert p.returncode == 2 and "no usable CUDA device" in p.stdout and "Traceback" not in p.stdout + p.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_a_hanging_target_is_a_hang_finding_within_the_budget(tmp_path):
+    """A target that sleeps forever on marked launches: the campaign reports a `hang` finding,
+    keeps its budget (+ one launch timeout) and exits 1.  On main a 60 s campaign ran 21 minutes
+    (600 s per launch, paid again at every shrink step) and reported nothing."""
+    target = plant(tmp_path, "hangs", "if bool((kw['hist_len'] > 0).any()):\n    time.sleep(3600)")
+    t0 = time.monotonic()
+    p = _cli(["run", "--target", target, "--arms", "bf16", "--T", "4", "--buckets", "4", "--property", "launch",
+              "--seconds", "12", "--launch-timeout", "2", "--corpus", str(tmp_path / "c"),
+              "--json", str(tmp_path / "r.json")], tmp_path)
+    wall = time.monotonic() - t0
+    rec = json.loads((tmp_path / "r.json").read_text())
+    assert p.returncode == 1, p.stdout[-3000:]
+    assert [f["signature"] for f in rec["findings"]] == ["hang [R*] hang"]
+    assert rec["seconds"] <= 1.1 * 12 + 2, rec["seconds"]
+    assert wall < 60, wall  # start-up and the fresh-worker reproduction included
+
+
+def test_an_interrupt_during_shrinking_keeps_the_finding(tmp_path):
+    """Ctrl-C right after the first failing example (before any shrinking): the campaign stops,
+    says it was interrupted, and stores the failing case unshrunk.  On main the summary said 0
+    findings, nothing was stored and the exit code was 0."""
+    from gdn_fuzz import corpus
+    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    c = Campaign(target=get_target("mutant:fold_skipped"), device="cpu", properties=[get_property("launch")],
+                 arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=2, corpus_dir=tmp_path)
+    c.run(examples=500, on_first=ctrl_c)
+    assert c.interrupted
+    (f,) = c.findings.values()
+    assert not f.shrunk and f.signature == "oracle.fold [M7] out of tolerance (flush rows)"
+    assert [corpus.read(p).signature for p in corpus.entries(tmp_path)] == [f.signature]
+
+
+def test_a_failure_that_a_fresh_worker_does_not_repeat_is_not_filed(tmp_path):
+    """A worker that goes bad after a few launches (a poisoned context, a leak) makes every later
+    launch fail; a fresh worker passes the same case.  That is not filed as a kernel bug: it is
+    listed as unconfirmed, not shrunk, not stored.  On main it became an open corpus entry."""
+    from gdn_fuzz import corpus
+    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    target = plant(tmp_path, "goes_bad", "if _LAUNCHES[0] > 3:\n    raise RuntimeError('worker state went bad')")
+    c = Campaign(target=get_target(target), device="cpu", properties=[get_property("launch")], arms=("bf16",),
+                 Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=2, round_examples=10, isolate=True,
+                 corpus_dir=tmp_path / "c", launch_timeout_s=30.0)
+    c.run(examples=10)
+    assert not c.findings and corpus.entries(tmp_path / "c") == []
+    assert list(c.unconfirmed) == ["launch [H*] raised RuntimeError: worker state went bad"]
+    assert c.unconfirmed["launch [H*] raised RuntimeError: worker state went bad"]["reproduced"] is False
