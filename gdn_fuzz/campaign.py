@@ -13,9 +13,9 @@ listed, and the body does not raise for it, so the search in that property goes 
 signatures.  A launch that shows a known and a new signature fails on the new one.
 
 Budgets are kept while a failure is being shrunk: once the time or example budget is spent,
-the body launches nothing more; a case already seen failing fails again the same way (so
-Hypothesis' final replay of its best case is consistent) and every other case passes at once,
-which ends shrinking with the best case so far.  Each finding records when its first failing
+the body raises BudgetSpent (a BaseException, which Hypothesis passes through), which ends the
+Hypothesis run at once; each failure first seen in that round is reported with its best case
+so far (the latest failing example of its signature: the shrinker's current target).  Each finding records when its first failing
 example was seen (campaign seconds, examples before it) and how long shrinking took.
 
 warm_up() (optional, before run()) launches one legal Case per (arm, T, geometry, bucket)
@@ -42,6 +42,12 @@ from .case import Case, Row
 from .checks import Finding
 from .properties import Property
 from .targets import Target
+
+
+class BudgetSpent(BaseException):
+    """Raised from the test body once the budget is spent.  Not an Exception, so Hypothesis does
+    not take it for a failure: it ends the run at once (like an interrupt raised from the test
+    itself), and the round reports each new failure's best case so far."""
 
 
 class PropertyFailed(AssertionError):
@@ -171,7 +177,7 @@ class Campaign:
         self._records = open(self.record_path, "a") if self.record_path else None
         self._deadline = None  # (seconds, examples) of the running budget
         self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
-        self._seen: dict = {}  # (prop, case JSON) -> the failure raised for it (budget-end replays)
+        self._round_new: list = []  # signatures first seen in the running round
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
             from .isolation import Worker
@@ -262,22 +268,25 @@ class Campaign:
                   report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
         @given(strat)
         def body(case):
-            key = (prop.name, case.to_json())
             if self.budget_spent():
-                # no new launches; a case seen failing fails again the same way (replay of the best)
-                exc = self._seen.get(key)
-                if exc is None:
-                    return
-                exc = type(exc)(exc.case, exc.findings, exc.signature)
-            else:
-                exc = self._example(prop, case, on_example, on_first)
-                if exc is None:
-                    return
-                self._seen[key] = exc
-            raise exc
+                raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
+            exc = self._example(prop, case, on_example, on_first)
+            if exc is not None:
+                raise exc
 
+        self._round_new = []
         try:
             body()
+        except BudgetSpent:
+            # the best case so far of each failure first seen in this round (the latest failing
+            # example of a signature is the shrinker's current target)
+            out = []
+            for sig in self._round_new:
+                pname, case, found = self._best[sig]
+                t, n, _ = self._first[sig]
+                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
+                                           shrink_s=self.stats.elapsed - t, shrunk=False))
+            return out
         except Exception as e:  # noqa: BLE001 - our failures, possibly grouped by Hypothesis
             fails = _failures(e)
             if not fails or _foreign(e):
@@ -332,6 +341,7 @@ class Campaign:
         if sig not in self._first:
             t = self.stats.elapsed
             self._first[sig] = (t, n_before, prop.name)
+            self._round_new.append(sig)
             on_first(sig, prop.name, case, found, t, n_before)
         return failure_class(sig)(case, list(found), sig)
 
