@@ -178,6 +178,7 @@ class Campaign:
         self._deadline = None  # (seconds, examples) of the running budget
         self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
         self._round_new: list = []  # signatures first seen in the running round
+        self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
             from .isolation import Worker
@@ -268,6 +269,8 @@ class Campaign:
                   report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
         @given(strat)
         def body(case):
+            if self._stop_requested:
+                raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
             if self.budget_spent():
                 raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
             exc = self._example(prop, case, on_example, on_first)
@@ -365,9 +368,13 @@ class Campaign:
             raise ValueError("give a budget: seconds=... or examples=... (both may be set; the first reached stops)")
         compiles0 = self._compiles()
         self._deadline = (seconds, examples)
+        self._stop_requested = False
+        restore = self._catch_sigint()
         try:
             while True:
                 for prop in self.properties:
+                    if self._stop_requested:
+                        raise KeyboardInterrupt
                     if self.budget_spent():
                         return self
                     found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first)
@@ -385,12 +392,35 @@ class Campaign:
                                            shrink_s=self.stats.elapsed - t, shrunk=False), on_finding)
             return self
         finally:
+            restore()
             self._deadline = None
             self.stats.compiles = self._compiles() - compiles0
             if self._worker is not None:
                 self._worker.close()
             if self._records is not None:
                 self._records.flush()
+
+    def _catch_sigint(self):
+        """While run() runs: a first SIGINT only sets a flag, turned into KeyboardInterrupt at the
+        next example or between rounds (a SIGINT that lands inside Hypothesis' engine, e.g. while
+        it sets a round up, broke the engine with an AssertionError instead of stopping cleanly);
+        a second SIGINT stops at once.  Returns the function that puts the old handler back."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old = signal.getsignal(signal.SIGINT)
+        if old in (signal.SIG_IGN, None):  # the caller ignores SIGINT (e.g. an xdist worker): keep that
+            return lambda: None
+
+        def on_sigint(signum, frame):
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+
+        signal.signal(signal.SIGINT, on_sigint)
+        return lambda: signal.signal(signal.SIGINT, old)
 
     def known_summary(self) -> list[dict]:
         """Known signatures seen in this run: signature, corpus entry, examples that showed it."""

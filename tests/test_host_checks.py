@@ -9,43 +9,53 @@ B = 2, pool = 3, T = 4 unless said otherwise).  It then breaks exactly one argum
 unsupported flag) and calls the entry point of a target.  For each broken call it
 asserts three things:
 
-1. the exception type the contract lists for that host check (section 1.2);
-2. the message, with ``pytest.raises(match=...)`` on a substring copied from the real
-   FlashInfer module, so that the message names the broken argument.  Some checks are
-   bare ``assert`` statements with no message at all: for those the test asserts the
-   type and that the message is empty, and says so in a comment (a bare assert does
-   not tell the caller which argument was wrong: that is itself a finding);
+1. the exception type the contract lists for that host check (section 1.2), and the
+   clause: the contract fixes the type and the clause, not the wording.  A message that
+   names a clause id in brackets (``[H9]``, ``[D1]``) must name the expected one;
+2. the message, only for the released module (``production``: its wording is part of
+   what we regression-test) and for our own ``reference`` mirror of it: a substring
+   copied from the real FlashInfer module, so that the message names the broken
+   argument.  Some checks are bare ``assert`` statements with no message at all: for
+   those the production target must raise with an empty message (a bare assert does not
+   tell the caller which argument was wrong: that is itself a finding).  Any other
+   target (``--gdn-target PATH.py``, a mutant, sm100) is held to type and clause only;
+   ``expect_guard`` applies that rule;
 3. that the rejected call left every input tensor bitwise unchanged (each tensor is
    cloned before the call and compared bit for bit afterwards with
    ``gdn_fuzz.checks.same_bits``).
 
-The tests run against two targets, given by the ``target`` fixture: ``reference`` (the
-torch mirror in this package) and ``production`` (FlashInfer's CuTeDSL module).  The
-production module imports on a CPU-only machine (torch CPU build plus
-nvidia-cutlass-dsl) and its host checks run before any launch, so they are tested for
-real here; a valid call then ends in ValueError "GDN CuTe-DSL kernels require CUDA
-tensors" (H15).  Where flashinfer or cutlass cannot be imported, the production
-target is skipped with the reason; it never fails for that.
+The tests run against the targets of the ``target`` fixture: ``reference`` (the torch
+mirror in this package, always available), ``production`` (FlashInfer's CuTeDSL module)
+and the target the user selected (``--gdn-target`` / GDN_FUZZ_TARGET, the name the
+``gdn_selection`` fixture returns), without duplicates.  The production module imports on
+a CPU-only machine (torch CPU build plus nvidia-cutlass-dsl) and its host checks run
+before any launch, so they are tested for real here; a valid call then ends in ValueError
+"GDN CuTe-DSL kernels require CUDA tensors" (H15).  Where a target cannot be imported
+(flashinfer or cutlass missing, a module that does not fit), it is skipped with the
+reason; it never fails for that.
 
-Two things differ on CPU by design, and each test says what it expects per target:
+Two things differ on CPU by design, and each test says what it expects per target.  A
+target that applies H15 (one that launches only on CUDA: production, sm100, mutants of
+production) is expected to behave as the production module does here:
 * H11 range checks (hist_len in [0, 16], cache_base in [0, 32)) run only after
   ``torch.cuda.is_current_stream_capturing()``, which raises RuntimeError on a CPU-only
   torch build.  The production target therefore raises that RuntimeError there; on a
   CUDA build of torch it raises the range AssertionError, as the reference does.
-* H16 (block-strided pools) is checked after the device check, so on CPU tensors the
-  production target raises the H15 ValueError first; the reference (which applies no
-  H15) raises the H16 NotImplementedError.
+* H16 (block-strided pools) is checked after the device check (H15 comes first in the
+  contract's order), so on CPU tensors the production target raises the H15 ValueError
+  first; a target without H15 (the reference, a CPU target) raises the H16
+  NotImplementedError.
 
-A differential test then feeds the same broken inputs to both targets and requires the
-same exception type and the same message.  Where the reference is known to disagree
-with the real module the case is a strict xfail whose reason states the exact
+A differential test then feeds the same broken inputs to reference and production and
+requires the same exception type and the same message.  Where the reference is known to
+disagree with the real module the case is a strict xfail whose reason states the exact
 difference (a reference bug), so the suite passes and the disagreement stays visible.
 
 D1/D2 are tested by importing each target's file with ``import_with_env`` under chosen
 GDN_UCACHE_*_DTYPE values (the variables are read only at import; the other two are
 removed from the environment for the import): illegal spellings raise ValueError at
-import, and each of the five legal arms imports with IO_TORCH, ST_TORCH and RING_TORCH
-equal to the arm's dtypes.
+import (naming the variable, for production and reference), and each of the five legal
+arms imports with IO_TORCH, ST_TORCH and RING_TORCH equal to the arm's dtypes.
 
 Hypothesis draws T outside {4, 8}, flush_min outside [1, 17 - T], unchecked cursor
 values and env spellings, with at most 20 examples per test.
@@ -67,7 +77,7 @@ from hypothesis import strategies as st
 from gdn_fuzz.arms import ARM_NAMES, ARMS, ENV_VARS
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import same_bits
-from gdn_fuzz.targets import Target, TargetUnavailable, get_target, import_with_env
+from gdn_fuzz.targets import Target, TargetMismatch, TargetUnavailable, get_target, import_with_env
 
 ENTRY = "gated_delta_rule_mtp_ucache_flush"
 ARM0 = "bf16"
@@ -84,6 +94,10 @@ H15_MATCH = re.escape("GDN CuTe-DSL kernels require CUDA tensors")
 
 _LOADED: dict[str, Target | str] = {}
 
+# Targets whose messages are compared word for word: the released module (its messages are part
+# of what we regression-test) and our mirror of it.  Every other target: exception type and clause.
+EXACT_MESSAGES = ("production", "reference")
+
 
 def _load(name: str) -> Target:
     """The target with its bf16 module imported, or a skip saying why it cannot run here."""
@@ -92,7 +106,7 @@ def _load(name: str) -> Target:
             t = get_target(name)
             t.module(ARM0)
             _LOADED[name] = t
-        except (TargetUnavailable, ImportError) as e:
+        except (TargetUnavailable, TargetMismatch, ImportError) as e:
             _LOADED[name] = f"target {name!r} is not importable here ({type(e).__name__}: {e})"
     got = _LOADED[name]
     if isinstance(got, str):
@@ -100,10 +114,39 @@ def _load(name: str) -> Target:
     return got
 
 
-@pytest.fixture(scope="module",
-                params=["reference", pytest.param("production", marks=pytest.mark.kernel_module)])
-def target(request) -> Target:
+def _target_id(name: str) -> str:
+    if name in ("reference", "production") or not name.endswith(".py"):
+        return name
+    return os.path.basename(name)
+
+
+def pytest_generate_tests(metafunc):
+    """`target`: reference, production and the selected target (--gdn-target / GDN_FUZZ_TARGET),
+    each once.  The selection is computed as the plugin's `gdn_selection` fixture computes it
+    (parametrization happens at collection, before any fixture can run)."""
+    if "target" not in metafunc.fixturenames:
+        return
+    from gdn_fuzz.pytest_plugin import _selection
+
+    selected = _selection(metafunc.config)[0]
+    names = list(dict.fromkeys(["reference", "production", selected]))
+    params = [pytest.param(n, id=_target_id(n),
+                           marks=[pytest.mark.kernel_module] if n == "production" else [])
+              for n in names]
+    metafunc.parametrize("target", params, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def target(request, gdn_selection) -> Target:
+    """One of reference, production and the selected target (see pytest_generate_tests)."""
+    assert request.param in ("reference", "production", gdn_selection[0])
     return _load(request.param)
+
+
+def applies_h15(target: Target) -> bool:
+    """The target launches only on CUDA (H15): production, sm100, mutants of production.  On CPU
+    tensors such a target is expected to behave as the production module does (module docstring)."""
+    return target.needs_cuda
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +205,41 @@ def assert_unchanged(kw: dict, before: dict) -> None:
         assert bool(same_bits(old, new).all()), f"rejected call modified input {name}"
 
 
-def expect_reject(target: Target, arm: str, kw: dict, exc, match: str | None):
-    """Call, assert the exception (type and message) and that no input changed."""
+_CLAUSE_TAG = re.compile(r"\[([HD]\d{1,2})\]")
+
+
+@contextlib.contextmanager
+def expect_guard(target_name: str, exc, clause: str, msg_regex: str | None):
+    """The block must raise `exc` for host check / dtype rule `clause`.
+
+    The contract (1.2, D1) fixes the exception type and the clause, not the wording, so:
+    * every target: the type; and a message that names a clause id in brackets ("[H9]")
+      must name `clause`;
+    * production and reference only (EXACT_MESSAGES): the message matches `msg_regex`
+      (re.search, as pytest.raises(match=)).  msg_regex None marks a bare `assert`: the
+      production module's message must then be empty (that lack of a message is itself a
+      regression-tested finding of the released module).
+    Yields pytest's ExceptionInfo.
+    """
+    with pytest.raises(exc) as ei:
+        yield ei
+    msg = str(ei.value)
+    tag = _CLAUSE_TAG.search(msg)
+    assert tag is None or tag.group(1) == clause, \
+        f"{target_name}: expected a {clause} rejection, the message names {tag.group(1)}: {msg}"
+    if msg_regex is None:
+        if target_name == "production":
+            # Bare `assert` in the kernel: the message is empty and does not name the argument.
+            assert msg == "", f"bare assert now has a message: {msg}"
+    elif target_name in EXACT_MESSAGES:
+        assert re.search(msg_regex, msg), f"{target_name}: message {msg!r} does not match {msg_regex!r}"
+
+
+def expect_reject(target: Target, arm: str, kw: dict, exc, clause: str, match: str | None):
+    """Call, assert the rejection (expect_guard: type and clause; the message for production
+    and reference) and that no input changed."""
     before = snapshot(kw)
-    with pytest.raises(exc, match=match) as ei:
+    with expect_guard(target.name, exc, clause, match) as ei:
         target.launch(arm, **kw)
     assert_unchanged(kw, before)
     return ei.value
@@ -408,23 +482,20 @@ for _b in BAD:
 
 
 def expected_for(target: Target, bad: Bad, arm: str):
-    """(exception type, regex) this target must raise for `bad` on this machine."""
-    if target.name == "production":
+    """(exception type, clause, regex) this target must raise for `bad` on this machine."""
+    if applies_h15(target):
         if bad.after_h15:
-            return ValueError, H15_MATCH
+            return ValueError, "H15", H15_MATCH
         if bad.range_h11 and CAPTURE_ERR is not None:
-            return RuntimeError, E(str(CAPTURE_ERR))
-    return bad.exc, bad.pattern(ARMS[arm])
+            return RuntimeError, bad.clause, E(str(CAPTURE_ERR))
+    return bad.exc, bad.clause, bad.pattern(ARMS[arm])
 
 
 def check_bad(target: Target, bad: Bad, arm: str) -> None:
     kw = valid_kwargs(arm)
     bad.mutate(kw, ARMS[arm])
-    exc, pattern = expected_for(target, bad, arm)
-    err = expect_reject(target, arm, kw, exc, pattern)
-    if pattern is None:
-        # Bare `assert` in the kernel: the message is empty and does not name the argument.
-        assert str(err) == "", f"bare assert now has a message: {err}"
+    exc, clause, pattern = expected_for(target, bad, arm)
+    expect_reject(target, arm, kw, exc, clause, pattern)
 
 
 # --------------------------------------------------------------------------- H1 - H16
@@ -506,8 +577,8 @@ def test_h11_ranges_unchecked_without_restart(target):
     kw = valid_kwargs(restart_hist_on_flush=False)
     kw["hist_len"][:] = torch.tensor([40, -3], dtype=torch.int32)
     kw["cache_base"][:] = torch.tensor([-7, 1000], dtype=torch.int32)
-    if target.name == "production":
-        expect_reject(target, ARM0, kw, ValueError, H15_MATCH)  # H15: every host check passed
+    if applies_h15(target):
+        expect_reject(target, ARM0, kw, ValueError, "H15", H15_MATCH)  # H15: every host check passed
     else:
         # the reference accepts and launches (P=40 reads a full window and wraps; silent by contract)
         target.launch(ARM0, **kw)
@@ -532,7 +603,7 @@ def test_h13_any_T_rejected_before_flush_min(target, T, flush_min):
     """H13 (then H14): any T outside {4, 8}, with consistent shapes, raises NotImplementedError
     whatever flush_min is: H13 runs before the flush_min check."""
     kw = with_T(valid_kwargs(flush_min=flush_min), T)
-    expect_reject(target, ARM0, kw, NotImplementedError, E(f"{ENTRY}: T={T} unsupported"))
+    expect_reject(target, ARM0, kw, NotImplementedError, "H13", E(f"{ENTRY}: T={T} unsupported"))
 
 
 @pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H14"])
@@ -547,7 +618,7 @@ def test_h14_flush_min_outside_range(target, T, data):
     """H14: flush_min drawn outside [1, 17-T] is rejected with a message naming it and the range."""
     fm = data.draw(st.integers(-1000, 0) | st.integers(W_RING - T + 2, 1000), label="flush_min")
     kw = valid_kwargs(T=T, flush_min=fm)
-    expect_reject(target, ARM0, kw, AssertionError,
+    expect_reject(target, ARM0, kw, AssertionError, "H14",
                   E(f"flush_min={fm} out of range [1, {W_RING - T + 1}] for T={T}"))
 
 
@@ -555,11 +626,11 @@ def test_h14_flush_min_outside_range(target, T, data):
 @given(T=st.sampled_from([4, 8]), data=st.data())
 def test_h14_flush_min_inside_range_passes_host_checks(target, T, data):
     """H14 (and H15): flush_min in [1, 17-T] passes every host check: production stops at the
-    CUDA-device check (ValueError), the reference runs."""
+    CUDA-device check (ValueError), the reference (and any target without H15) runs."""
     fm = data.draw(st.integers(1, W_RING - T + 1), label="flush_min")
     kw = valid_kwargs(T=T, flush_min=fm)
-    if target.name == "production":
-        expect_reject(target, ARM0, kw, ValueError, H15_MATCH)
+    if applies_h15(target):
+        expect_reject(target, ARM0, kw, ValueError, "H15", H15_MATCH)
     else:
         out = target.launch(ARM0, **kw)
         assert tuple(out.shape) == (B, T, HV, K)
@@ -571,8 +642,8 @@ def test_h15_valid_cpu_call(target, arm, T):
     """H15: a fully valid call with CPU tensors ends in ValueError 'require CUDA tensors' on the
     production target (after every other host check); the reference (no H15) runs it."""
     kw = valid_kwargs(arm, T)
-    if target.name == "production":
-        expect_reject(target, arm, kw, ValueError, H15_MATCH + E(", got cpu"))
+    if applies_h15(target):
+        expect_reject(target, arm, kw, ValueError, "H15", H15_MATCH + E(", got cpu"))
     else:
         out = target.launch(arm, **kw)
         assert tuple(out.shape) == (B, T, HV, K) and out.dtype == ARMS[arm].io
@@ -581,13 +652,14 @@ def test_h15_valid_cpu_call(target, arm, T):
 def test_h15_valid_cpu_call_restart_true(target):
     """H15/H11: a valid restart_hist_on_flush=True call.  On a CPU-only torch the production
     wrapper raises RuntimeError from torch.cuda.is_current_stream_capturing() (before its range
-    checks and before H15); with a CUDA build it reaches H15.  The reference runs and commits C2."""
+    checks and before H15); with a CUDA build it reaches H15.  The reference (and any target
+    without H15) runs and commits C2."""
     kw = valid_kwargs(restart_hist_on_flush=True)
-    if target.name == "production":
+    if applies_h15(target):
         if CAPTURE_ERR is not None:
-            expect_reject(target, ARM0, kw, RuntimeError, E(str(CAPTURE_ERR)))
+            expect_reject(target, ARM0, kw, RuntimeError, "H11", E(str(CAPTURE_ERR)))
         else:
-            expect_reject(target, ARM0, kw, ValueError, H15_MATCH)
+            expect_reject(target, ARM0, kw, ValueError, "H15", H15_MATCH)
     else:
         target.launch(ARM0, **kw)
         # C2: row 1 (P=13 >= 13) flushed: base (30+13)&31 = 11, len 0; row 0 untouched
@@ -604,14 +676,19 @@ def test_h16_block_strided_pool(target, bad, arm):
 @pytest.mark.parametrize("what", ["k-K=64", "hist_len-2D"])
 def test_host_check_gaps(target, what):
     """H5/H10 gaps: k's last dim is never checked (only q's K is), and a [B, 1] hist_len passes
-    H10 (only dtype and shape[0] are checked).  Production lets both through to H15."""
+    H10 (only dtype and shape[0] are checked).  Production lets both through to H15.
+
+    These are gaps of the released module (and of its reference mirror), not contract rules:
+    1.3 leaves both inputs unvalidated, so another target may reject them or not."""
+    if target.name not in ("production", "reference"):
+        pytest.skip(f"{what}: unvalidated by the contract (1.3); pinned for production and reference only")
     kw = valid_kwargs()
     if what == "k-K=64":
         kw["k"] = kw["k"][..., :64].contiguous()
     else:
         kw["hist_len"] = kw["hist_len"][:, None].contiguous()
     if target.name == "production":
-        expect_reject(target, ARM0, kw, ValueError, H15_MATCH)
+        expect_reject(target, ARM0, kw, ValueError, "H15", H15_MATCH)
     else:
         # the reference's host checks pass too; it fails later, in its torch math
         with pytest.raises(RuntimeError):
@@ -728,9 +805,10 @@ def _import(target: Target, env: dict[str, str]):
 def _d1_expect(target: Target, env: dict[str, str]):
     want = d1_model(env)
     if isinstance(want, str):
-        # the message names the offending variable and its (stripped, lower-cased) value
+        # D1: ValueError at import; production's (and the reference's) message names the offending
+        # variable and its (stripped, lower-cased) value
         val = env.get(want, "").strip().lower() if want != IO_V else env.get(IO_V, "bf16").strip().lower()
-        with pytest.raises(ValueError, match=E(f"{want}={val!r}") + ".*unsupported") as ei:
+        with expect_guard(target.name, ValueError, "D1", E(f"{want}={val!r}") + ".*unsupported") as ei:
             _import(target, env)
         return ("ValueError", str(ei.value))
     mod = _import(target, env)
