@@ -118,7 +118,10 @@ class CampaignFinding:
         return self.signature
 
     def to_record(self) -> dict:
+        from .reproducer import finding_launch
+
         return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
+                    launch=finding_launch(self).to_dict(),
                     findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
                     examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
                     flaky=self.flaky,

@@ -267,15 +267,47 @@ class Case:
         return self
 
     def describe(self) -> str:
-        """A few readable lines: geometry, arm, and one line per row."""
+        """A few readable lines: geometry, arm, and one line per row with its route and the
+        routing or ring edges it sits on (P = flush_min, flush_min - 1, 0 or 16, a window or
+        appends wrapping past slot 31), so an off-by-one reads as one.  Every row's cursors are
+        those materialize() uses, pad rows' included (the host commits them with
+        restart_hist_on_flush=True, C2)."""
+        fm = f"{self.fmin}" + (" (17 - T)" if self.flush_min is None else "")
         lines = [f"Case(arm={self.arm}, T={self.T}, H={self.H}, HV={self.HV}, K={self.K}, V={self.V}, "
-                 f"B={self.B}, pool={self.pool}, flush_min={self.fmin}, "
+                 f"B={self.B}, pool={self.pool}, flush_min={fm}, "
                  f"restart_hist_on_flush={self.restart_hist_on_flush}, seed={self.seed}"
                  + ("" if self.draws == "cpu" else f", draws={self.draws}") + ")",
                  f"  regime: {self.regime}"]
         for i, r in enumerate(self.rows):
-            lines.append(f"  row {i}: slot={r.slot:>3} P={r.hist_len:>2} base={r.cache_base:>2}  {self.row_kind(r)}")
+            edges = row_edges(self, i)
+            lines.append(f"  row {i}: slot={r.slot:>3} P={r.hist_len:>2} base={r.cache_base:>2}  {self.row_kind(r)}"
+                         + (f"  ({'; '.join(edges)})" if edges else ""))
         return "\n".join(lines)
+
+
+def row_edges(case: Case, i: int) -> list[str]:
+    """The routing and ring edges row i of `case` sits on, in words (empty: none; pad rows: none):
+    P = flush_min, P = flush_min - 1, P = 0, P = 16 (a full window), a window that wraps past
+    ring slot 31 (base + P > 32), else appends that wrap (base + P + T > 32)."""
+    r = case.rows[i]
+    if r.pad:
+        return []
+    P, f = r.hist_len, case.fmin
+    out = []
+    if P == f:
+        out.append(f"P = flush_min = {f}")
+    if P == f - 1:
+        out.append(f"P = flush_min - 1 = {P}")
+    if P == 0:
+        out.append("P = 0")
+    if P == W_RING:
+        out.append(f"P = {W_RING}: a full window")
+    b = r.cache_base & (RING_SLOTS - 1)
+    if P > 0 and b + P > RING_SLOTS:
+        out.append(f"window wraps past slot 31: base {b} + P {P} > 32")
+    elif b + max(P, 0) + case.T > RING_SLOTS:
+        out.append(f"appends wrap past slot 31: base {b} + P {P} + T {case.T} > 32")
+    return out
 
 
 # ------------------------------------------------------------------ materialization

@@ -66,10 +66,18 @@ class Finding:
     outcome  the outcome class: raised <Type>: <normalized message> | out of tolerance |
              non-finite | bits differ | wrong value | crash ... | hang
     family   the route family where it tells bugs apart ("flush" / "verify" rows), else ""
+    value    a number that shows the failure, in `unit` (e.g. "relative error per (row, head)
+             vs the float64 oracle"); tol: the largest value allowed, made up as `bound` says
+             (e.g. "4 x u(IO=bfloat16)"); no tol: an exact comparison
+    launch   the launch that ran (checks.launch_record): the Case as it actually ran (the
+             property may derive it from the Case it was given: commit's cursors), and the named
+             transformation with its parameters where the launch is not a plain
+             materialize(case) (extremes' gate, routing's second flush_min, a metamorphic
+             relation).  JSON data; gdn_fuzz.reproducer.Launch reads it.
 
     signature() = check id, clause, outcome and family: two different bugs never share one,
     the same bug found again (another seed, row, arm) does.  It keys deduplication, corpus
-    entries and known bugs.
+    entries and known bugs.  Neither the message, the numbers nor the launch are part of it.
     """
 
     prop: str
@@ -81,6 +89,9 @@ class Finding:
     tol: float | None = None
     outcome: str = ""
     family: str = ""
+    unit: str = ""
+    bound: str = ""
+    launch: dict | None = None
 
     def signature(self) -> str:
         s = f"{self.prop} [{self.clause}] {self.outcome or WRONG_VALUE}"
@@ -90,15 +101,96 @@ class Finding:
         """What makes two findings 'the same failure' for deduplication: the signature."""
         return (self.signature(),)
 
+    def numbers(self) -> str:
+        """The finding's number with its unit, e.g. "relative error per (row, head) vs the float64
+        oracle: 14.4, allowed 1.53e-05 = 2^-16"."""
+        if self.value is None:
+            return ""
+        if not self.unit:  # findings of other modules that give no unit keep their old form
+            return f"{self.value}" if self.tol is None else f"got {self.value:.3e}, allowed {self.tol:.3e}"
+        s = f"{self.unit}: {_num(self.value)}"
+        if self.tol is not None:
+            s += f", allowed {_num(self.tol)}" + (f" = {self.bound}" if self.bound else "")
+        elif self.bound:
+            s += f"; {self.bound}"
+        return s
+
     def __str__(self) -> str:
         where = "" if self.row is None else f" row {self.row}" + ("" if self.head is None else f" head {self.head}")
-        if self.value is None:
-            num = ""
-        elif self.tol is None:
-            num = f" ({self.value})"
-        else:
-            num = f" (got {self.value:.3e}, allowed {self.tol:.3e})"
-        return f"[{self.clause}] {self.prop}{where}: {self.message}{num}"
+        num = self.numbers()
+        s = f"[{self.clause}] {self.prop}{where}: {self.message}" + (f" ({num})" if num else "")
+        ran = launch_summary(self.launch)
+        return s + (f"\n    ran: {ran}" if ran else "")
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}"
+
+
+# ------------------------------------------------------------------ the launch a finding ran
+
+
+def case_changes(given: Case, ran: Case) -> list[str]:
+    """How the Case that ran differs from the Case a property was given, in words (empty: the same)."""
+    if given == ran:
+        return []
+    out = []
+    for name in ("arm", "T", "H", "HV", "K", "V", "pool", "seed", "flush_min", "restart_hist_on_flush", "regime",
+                 "draws"):
+        a, b = getattr(given, name), getattr(ran, name)
+        if a != b:
+            out.append(f"{name}={b!r}" if name != "flush_min" else f"flush_min={ran.fmin}")
+    if len(given.rows) != len(ran.rows):
+        out.append(f"{len(ran.rows)} rows")
+    else:
+        for i, (a, b) in enumerate(zip(given.rows, ran.rows)):
+            if a != b:
+                kind = ran.row_kind(b)
+                out.append(f"row {i} ({kind}): slot={b.slot} P={b.hist_len} base={b.cache_base}")
+    return out
+
+
+def launch_record(case: Case, transform: str = "", params: dict | None = None, note: str = "",
+                  given: Case | None = None) -> dict:
+    """The JSON description of a launch a finding comes from (Finding.launch).
+
+    case       the Case as it ran: materialize(case) gives its tensors and cursors (rows' cursors
+               are used verbatim, pad rows' included)
+    transform  "" when the launch is exactly materialize(case); else the name of the
+               transformation applied to those inputs (gdn_fuzz.reproducer.TRANSFORMS) ...
+    params     ... with its parameters (JSON values)
+    note       the launch in words ("a = 120 on v-head 0, every row and token")
+    given      the Case the property was given, when the launch's Case differs from it: the
+               differences are listed under "changes" (what a reader of the given Case must know)
+    """
+    rec = dict(case=case.to_dict(), transform=transform, params=dict(params or {}), note=note, changes=[])
+    if given is not None:
+        rec["changes"] = case_changes(given, case)
+    return rec
+
+
+def launch_summary(launch: dict | None) -> str:
+    """One line: how the launch differs from a plain launch of the Case the property was given
+    ("" when it does not): the Case fields the property set, then the transformation."""
+    if not launch:
+        return ""
+    parts = []
+    if launch.get("changes"):
+        parts.append(", ".join(launch["changes"]) + " (set by the property, not drawn)")
+    if launch.get("transform"):
+        parts.append(launch.get("note") or (launch["transform"] + "(" + ", ".join(
+            f"{k}={v!r}" for k, v in sorted((launch.get("params") or {}).items())) + ")"))
+    elif launch.get("note"):
+        parts.append(launch["note"])
+    return "; ".join(parts)
+
+
+def attach(findings, record: dict):
+    """Give every finding without a launch description this one; returns `findings` (same object)."""
+    for f in findings:
+        if f.launch is None:
+            f.launch = record
+    return findings
 
 
 @dataclass
@@ -322,16 +414,46 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
         if ratio <= 1.0:
             continue
         t = tol[name]
+        nonfinite = rel == float("inf")
         if name == "g":
-            what = "appended cumulative log-decay differs from " + (
-                "G_s (flush row: local restart at 0)" if bool(e.flush[r]) else "G_P + G_s (verify row)")
+            what = ("non-finite appended cumulative log-decay" if nonfinite else
+                    "appended cumulative log-decay differs from ") + ("" if nonfinite else (
+                        "G_s (flush row: local restart at 0)" if bool(e.flush[r]) else "G_P + G_s (verify row)"))
         else:
-            what = ("non-finite values" if rel == float("inf") else "error / magnitude of its terms") + \
-                f" above the {case.arm} tolerance ({t.source}; atol {t.atol:.1e}/element)"
+            what = ("non-finite values" if nonfinite else "error above the tolerance") + \
+                f" of the {case.arm} arm ({_tol_reason(t)})"
         findings.append(Finding(f"oracle.{name}", CLAUSES[name], what, row=r, head=h, value=rel, tol=t.rtol,
-                                outcome=NON_FINITE if rel == float("inf") else OUT_OF_TOLERANCE,
-                                family="flush" if bool(e.flush[r]) else "verify"))
+                                outcome=NON_FINITE if nonfinite else OUT_OF_TOLERANCE,
+                                family="flush" if bool(e.flush[r]) else "verify",
+                                unit=UNITS[name], bound=_tol_bound(t)))
     return findings
+
+
+# what check_oracle's numbers are (Finding.unit), per output
+UNITS = {
+    "y": "relative error per (row, head) vs the float64 oracle (||error|| / ||magnitude of its terms|| over T x V)",
+    "u": "relative error per (row, head) vs the float64 oracle (||error|| / ||magnitude of its terms|| over the "
+         "T appended u records)",
+    "k": "relative error per (row, head) vs the float64 oracle (||error|| / ||k_hat|| over the T appended k records)",
+    "fold": "relative error per (row, head) vs the float64 oracle (||error|| / ||magnitude of its terms|| over the "
+            "folded V x K checkpoint)",
+    "g": "error per (row, head) vs the float64 oracle (max over the T appended g of |error| / the summed |g| that "
+         "built it)",
+}
+
+
+def _tol_bound(t) -> str:
+    """'4 x u(IO=bfloat16)' (+ the absolute floor): how a tolerance is made up (Tol.source, first part)."""
+    b = t.source.split(":", 1)[0].replace("torch.", "").strip()
+    if t.atol and not b.startswith("2^-16"):
+        b += f" (+ an absolute floor of {t.atol:.2g} per element)"
+    return b
+
+
+def _tol_reason(t) -> str:
+    """The rest of Tol.source: why the bound is what it is."""
+    parts = t.source.split(":", 1)
+    return (parts[1] if len(parts) > 1 else parts[0]).replace("torch.", "").strip()
 
 
 def check_writes(obs: Observation) -> list[Finding]:
@@ -388,10 +510,10 @@ def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
     """The minimal per-launch property: oracle agreement plus the write set."""
     obs = observe(target, case, device)
     if obs.error is not None:
-        return Findings(check_oracle(obs))
+        return attach(Findings(check_oracle(obs)), launch_record(case))
     e = expectation(obs)
     metrics = oracle_metrics(obs, e)
     summary = summarize(metrics)  # the one oracle transfer of this launch
     res = Findings(check_oracle(obs, e, metrics, summary) + check_writes(obs))
     res.metrics = row_metrics(metrics, summary)
-    return res
+    return attach(res, launch_record(case))

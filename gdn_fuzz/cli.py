@@ -104,6 +104,7 @@ def validate_run_args(args) -> None:
 def cmd_run(args) -> int:
     from .campaign import Campaign
     from .isolation import SetupError
+    from .reproducer import explain
     from .properties import REGISTRY, get_property
     from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
@@ -171,7 +172,10 @@ def cmd_run(args) -> int:
                                    + (f"shrunk in {f.shrink_s:.1f}s" if f.shrunk else
                                       f"shrinking stopped after {f.shrink_s:.1f}s (budget or interrupt): best case so far")
                                    + (" (flaky on replay)" if f.flaky else ""), markup=False)
-            progress.console.print(f.case.describe(), markup=False)
+            # the launch as it ran (the property's own changes to the drawn case), and which
+            # neighbouring cursors pass when the failing row sits on a routing or ring edge
+            progress.console.print(explain(f.prop, f.case, f.findings, f.signature, target, device,
+                                           isolate=not args.no_isolate), markup=False)
             for x in f.findings:
                 progress.console.print("  " + str(x), markup=False)
             if f.entry_path is not None:
@@ -292,10 +296,27 @@ def cmd_replay(args) -> int:
 
     paths = [p for a in (args.entries or [str(corpus.default_dir())]) for p in
              (corpus.entries(a) if os.path.isdir(a) else [a])]
+    if args.emit_test:
+        from .reproducer import emit_test, entry_launch
+
+        if len(paths) != 1:
+            console.print(f"[red]gdn-fuzz replay --emit-test:[/red] give exactly one corpus entry file (got "
+                          f"{len(paths)})", markup=True)
+            return EXIT_USAGE
+        try:
+            e = corpus.read(paths[0])
+            emit_test(e, args.emit_test, target=args.target)
+        except (corpus.CorpusError, ValueError, OSError) as err:
+            console.print(f"[red]gdn-fuzz replay --emit-test:[/red] {err}", markup=True)
+            return EXIT_USAGE
+        console.print(f"reproducer written: {args.emit_test} (fails while {e.signature!r} shows on "
+                      f"{args.target or e.target}; run it with pytest)", markup=False)
+        console.print("the launch that failed:\n" + entry_launch(e).describe(), markup=False)
     t = Table(title="gdn-fuzz replay")
     for col in ("entry", "status", "target", "property", "result", "detail"):
         t.add_column(col, overflow="fold")
     unexpected = 0
+    explained = []
     for p in paths:
         try:
             e = corpus.read(p)
@@ -318,12 +339,21 @@ def cmd_replay(args) -> int:
         if why:
             t.add_row(str(p), e.status, target, e.prop, "skipped", why)
             continue
-        found = corpus.replay(e, target, args.device or _default_device(tgt), allow_paths=True)
+        device = args.device or _default_device(tgt)
+        found = corpus.replay(e, target, device, allow_paths=True)
         ok, what = corpus.verdict(e, found)
+        if args.explain:
+            from .reproducer import entry_launch, explain
+
+            text = (explain(e.prop, e.case, found, e.signature, tgt, device, isolate=corpus.is_crash(e))
+                    if any(f.launch for f in found) else entry_launch(e).describe())
+            explained.append(f"{p}: {e.signature}\n{text}")
         unexpected += not ok
         res = what if ok else f"[red]{what}[/red]"
         t.add_row(str(p), e.status, target, e.prop, res, "; ".join(str(f) for f in found)[:300])
     console.print(t)
+    for text in explained:
+        console.print(text, markup=False)
     return 1 if unexpected else 0
 
 
@@ -414,6 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--allow-target-paths", action="store_true",
                     help="replay entries whose target is a file path (imports and runs that file; "
                          "never use on entries you did not write)")
+    rp.add_argument("--explain", action="store_true",
+                    help="after the table, print each entry's launch (the Case as it ran and the transformation of "
+                         "its inputs) and, for a launch-property oracle finding on a routing or ring edge, which "
+                         "neighbouring cursors (P +/- 1, base +/- 1) pass")
+    rp.add_argument("--emit-test", metavar="PATH",
+                    help="write a standalone pytest file reproducing the one ENTRY given (its launch as a Case "
+                         "literal, the property's check, and an assertion that the entry's signature is gone: it "
+                         "fails while the bug is present), then replay it as usual")
     rp.set_defaults(func=cmd_replay)
     rep = sub.add_parser("report", help="Markdown/HTML report with coverage and error plots of a campaign")
     rep.add_argument("records", help="the campaign's --record JSON lines")

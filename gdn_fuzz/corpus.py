@@ -1,7 +1,9 @@
 """The regression corpus: one readable JSON entry per distinct failure.
 
 An entry holds the shrunk Case (geometry, arm, rows, cursors, seed, value regime: the
-tensors are regenerated from the seed), the failure's signature (checks.Finding.signature:
+tensors are regenerated from the seed), the launch that failed ("launch": the Case as the
+property ran it and the transformation of its inputs, gdn_fuzz.reproducer.Launch; absent in
+entries written before it was stored), the failure's signature (checks.Finding.signature:
 check id, clause, outcome class, route family), every finding of that case, the target and
 the versions it ran with, the date, and whether it is an `open` bug (a known outcome: replayed
 as a strict xfail that must reproduce the same signature; campaigns and property tests count it
@@ -52,6 +54,7 @@ class Entry:
     versions: dict = field(default_factory=dict)
     date: str = ""
     path: Path | None = None
+    launch: dict | None = None  # the launch that failed (checks.Finding.launch; gdn_fuzz.reproducer.Launch)
 
     @property
     def needs_gpu(self) -> bool:
@@ -70,10 +73,13 @@ class Entry:
         return f"{self.prop}-{self.ident()}.json"
 
     def to_dict(self) -> dict:
-        return dict(format=FORMAT, property=self.prop, signature=self.signature, signatures=self.signatures,
-                    clauses=self.clauses, status=self.status, reason=self.reason, target=self.target,
-                    needs_gpu=self.needs_gpu, findings=self.findings, keys=[list(k) for k in self.keys],
-                    versions=self.versions, date=self.date, case=self.case.to_dict())
+        d = dict(format=FORMAT, property=self.prop, signature=self.signature, signatures=self.signatures,
+                 clauses=self.clauses, status=self.status, reason=self.reason, target=self.target,
+                 needs_gpu=self.needs_gpu, findings=self.findings, keys=[list(k) for k in self.keys],
+                 versions=self.versions, date=self.date, case=self.case.to_dict())
+        if self.launch is not None:  # entries written before launches were stored have none
+            d["launch"] = self.launch
+        return d
 
     def reproduced_by(self, findings) -> bool:
         """True when a replay's findings show this entry's signature."""
@@ -111,10 +117,12 @@ def make_entry(prop: str, case: Case, findings, target: str, status: str = "open
         if not sigs:
             raise ValueError("make_entry needs at least one finding (or signature=...)")
         signature = sigs[0]
+    launch = next((f.launch for f in findings if getattr(f, "launch", None) and f.signature() == signature),
+                  next((f.launch for f in findings if getattr(f, "launch", None)), None))
     return Entry(case=case, prop=prop, findings=[str(f) for f in findings],
                  keys=sorted({(f.prop, f.clause) for f in findings}), target=target, status=status,
                  signature=signature, signatures=sigs, reason=reason or signature,
-                 versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                 versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), launch=launch)
 
 
 def default_dir() -> Path:
@@ -177,12 +185,23 @@ def read(path: Path) -> Entry:
         e = Entry(case=case, prop=d["property"], findings=list(d.get("findings", [])),
                   keys=[tuple(k) for k in d.get("keys", [])], target=d["target"], status=d.get("status", "open"),
                   signature=sig, signatures=list(d.get("signatures", [sig])),
-                  reason=d.get("reason", ""), versions=d.get("versions", {}), date=d.get("date", ""), path=path)
+                  reason=d.get("reason", ""), versions=d.get("versions", {}), date=d.get("date", ""), path=path,
+                  launch=_read_launch(d.get("launch")))
     except (KeyError, TypeError, ValueError) as err:
         raise CorpusError(f"corpus entry {path}: missing or malformed field ({type(err).__name__}: {err})") from err
     if e.status not in ("open", "guard"):
         raise CorpusError(f"corpus entry {path}: status={e.status!r}; use 'open' or 'guard'")
     return e
+
+
+def _read_launch(d) -> dict | None:
+    """An entry's optional "launch", validated (gdn_fuzz.reproducer.Launch.from_dict) and kept as
+    its JSON; ValueError on anything malformed."""
+    if d is None:
+        return None
+    from .reproducer import Launch
+
+    return Launch.from_dict(d).to_dict()
 
 
 STALE_TEMP_S = 3600.0  # a hidden temporary entry older than this was left by a killed writer

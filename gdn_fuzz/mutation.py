@@ -58,9 +58,9 @@ import torch
 
 from . import properties as _P
 from .arms import ARM_NAMES, get_arm
-from .case import Case, materialize
-from .checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, expectation, observe,
-                     oracle_metrics, raised, same_bits)
+from .case import Case, Row, materialize
+from .checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, expectation, launch_record,
+                     observe, oracle_metrics, raised, same_bits)
 from .mutants import CATALOGUE, get_mutant
 from .oracles import commit as commits
 from .targets import Target, get_target
@@ -125,58 +125,107 @@ def _guard_scenarios(case: Case, device):
     return out
 
 
+def guard_case(case: Case) -> Case:
+    """The Case the guards property's illegal calls start from: the case with
+    restart_hist_on_flush=False (each scenario sets what it needs)."""
+    return dataclasses.replace(case, restart_hist_on_flush=False)
+
+
+def guard_inputs(case: Case, scenario: str, device="cpu") -> dict:
+    """The keyword arguments of one illegal call of check_guards (transformation "guard" of
+    gdn_fuzz.reproducer: {"scenario": id})."""
+    for sid, _, _, kwargs in _guard_scenarios(case, device):
+        if sid == scenario:
+            return kwargs
+    raise ValueError(f"guard scenario {scenario!r} is unknown; use one of "
+                     f"{', '.join(s for s, *_ in _guard_scenarios(case, device))}")
+
+
 def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
     """H4, H6, H9-H11, H13, H14: every illegal call raises the reference target's exception type.
 
     The expectation is what the reference target raises for the very same call (a scenario
     the reference accepts is skipped), so the property follows the reference's host checks.
     The contract fixes the exception type and the clause, not the wording: messages are
-    reported, never compared.  Check id guard.<clause>.<scenario>.
+    reported, never compared.  Check id guard.<clause>.<scenario>.  Each finding carries its
+    call (Finding.launch): guard_case(case) and the transformation "guard" {"scenario": id}.
     """
     ref = get_target("reference")
+    gcase = guard_case(case)
     out = []
     for sid, name, clause, kwargs in _guard_scenarios(case, device):
         _, want = _call(ref, case.arm, _clone(kwargs))
         if want is None:
             continue
         _, got = _call(target, case.arm, kwargs)
+        rec = launch_record(gcase, "guard", {"scenario": sid}, given=case,
+                            note=f"the illegal call guard {sid!r}: {name}, on the inputs of the case")
         if got is None:
             out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) returned normally; the "
                                f"reference raises {type(want).__name__}: {str(want)[:120]}",
-                               outcome="returned normally"))
+                               outcome="returned normally", launch=rec))
         elif type(got) is not type(want):
             out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
                                f"{str(got)[:120]}; the reference raises {type(want).__name__}",
-                               outcome=raised(got)))
+                               outcome=raised(got), launch=rec))
     return out
 
 
 # ------------------------------------------------------------------ commit (C2)
 
 
-def commit_inputs(case: Case, device="cpu") -> dict:
-    """The launch check_commit runs: the case's tensors with restart_hist_on_flush=False, and
-    pad rows given in-range cursors drawn from the seed (the host commits them too, C2)."""
+def _pad_cursors(case: Case) -> list[tuple[int, int]]:
+    """(hist_len, cache_base) of every pad row, drawn from the seed: in range, P >= flush_min often."""
     rng = random.Random(f"{case.seed}:commit")
-    inputs = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
-    for i, r in enumerate(case.rows):
+    out = []
+    for r in case.rows:
         if r.pad:
-            inputs["hist_len"][i] = rng.choice([case.fmin, 16, rng.randint(0, 16)])
-            inputs["cache_base"][i] = rng.randrange(32)
-    return inputs
+            out.append((rng.choice([case.fmin, 16, rng.randint(0, 16)]), rng.randrange(32)))
+    return out
+
+
+def commit_case(case: Case) -> Case:
+    """The launch check_commit runs, as a Case: restart_hist_on_flush=True, and pad rows given
+    in-range cursors drawn from the seed (the host commits them too, C2; a drawn pad row has
+    P = 0, base = 0).  A case that already has restart_hist_on_flush=True runs as written (its
+    pad rows' cursors verbatim), so commit_case(commit_case(c)) == commit_case(c) and the Case a
+    commit finding prints is one that check_commit runs unchanged.  materialize() uses rows'
+    cursors verbatim, so materialize(commit_case(c)) is exactly the launch."""
+    if case.restart_hist_on_flush:
+        return case
+    pads = iter(_pad_cursors(case))
+    rows = tuple(Row(r.slot, *next(pads)) if r.pad else r for r in case.rows)
+    return dataclasses.replace(case, rows=rows, restart_hist_on_flush=True)
+
+
+def commit_inputs(case: Case, device="cpu") -> dict:
+    """The tensors check_commit launches: materialize(commit_case(case)) with
+    restart_hist_on_flush=False (the launch with True adds nothing but that flag)."""
+    return materialize(dataclasses.replace(commit_case(case), restart_hist_on_flush=False), device)
 
 
 def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
-    """C2: the standalone commit of restart_hist_on_flush=True, pad rows included, and nothing else."""
+    """C2: the standalone commit of restart_hist_on_flush=True, pad rows included, and nothing else.
+
+    The launch is commit_case(case) (restart_hist_on_flush=True, pad rows with cursors): its
+    committed cursors must equal oracles.commit.standalone_commit of the cursors before; it is
+    compared bit for bit with the same inputs launched with restart_hist_on_flush=False.
+    Findings carry commit_case(case) as their launch (Finding.launch).
+    """
+    ccase = commit_case(case)
     inputs = commit_inputs(case, device)
     before = _clone(inputs)
-    a = observe(target, case, device, inputs=_clone(inputs))
-    case_r = dataclasses.replace(case, restart_hist_on_flush=True)
-    b = observe(target, case_r, device, inputs=dict(_clone(inputs), restart_hist_on_flush=True))
-    for obs, tag in ((a, "restart_hist_on_flush=False"), (b, "restart_hist_on_flush=True")):
+    plain = launch_record(ccase, given=case)
+    twin = launch_record(ccase, given=case, note="compared with the same inputs launched with "
+                                                 "restart_hist_on_flush=False")
+    off = launch_record(ccase, "override", {"restart_hist_on_flush": False}, given=case,
+                        note="the same inputs launched with restart_hist_on_flush=False")
+    a = observe(target, dataclasses.replace(ccase, restart_hist_on_flush=False), device, inputs=_clone(inputs))
+    b = observe(target, ccase, device, inputs=dict(_clone(inputs), restart_hist_on_flush=True))
+    for obs, tag, rec in ((a, "restart_hist_on_flush=False", off), (b, "restart_hist_on_flush=True", plain)):
         if obs.error is not None:
             return [Finding("commit.launch", "H*", f"a legal launch ({tag}) raised {type(obs.error).__name__}: "
-                            f"{obs.error}", outcome=raised(obs.error))]
+                            f"{obs.error}", outcome=raised(obs.error), launch=rec)]
     want_len, want_base = commits.standalone_commit(before["hist_len"], before["cache_base"], case.fmin)
     idx = before["initial_state_indices"].long().tolist()
     P0 = before["hist_len"].long().tolist()
@@ -191,32 +240,37 @@ def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
                                f"{name} after the in-place commit is {got[r].item()}, expected {int(want[r])} "
                                f"(P={int(before['hist_len'][r])}, base={int(before['cache_base'][r])}, "
                                f"flush_min={case.fmin}, {kind} row; {len(bad)} rows differ)",
-                               row=r, outcome=WRONG_VALUE, family=kind))
+                               row=r, outcome=WRONG_VALUE, family=kind, launch=plain))
     live = inputs["initial_state_indices"].long() >= 0
     if isinstance(a.output, torch.Tensor) and isinstance(b.output, torch.Tensor):
         d = ~same_bits(a.output, b.output) & live[:, None, None, None]
         if bool(d.any()):
             out.append(Finding("commit.launch_bits.y", "C2", "y of a live row differs between restart_hist_on_flush "
                                "True and False (the commit must run after the launch)",
-                               row=int(d.nonzero()[0, 0]), outcome=BITS_DIFFER))
+                               row=int(d.nonzero()[0, 0]), outcome=BITS_DIFFER, launch=twin))
     for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
         if not bool(same_bits(a.after[name], b.after[name]).all()):
             out.append(Finding(f"commit.launch_bits.{name}", "C2", f"{name} after differs between "
                                "restart_hist_on_flush True and False (the commit must touch nothing but the cursors)",
-                               outcome=BITS_DIFFER))
+                               outcome=BITS_DIFFER, launch=twin))
     return out
 
 
 # ------------------------------------------------------------------ extremes (N2)
 
 EXTREME_LOGIT = 120.0  # a on v-head 0: a + dt_bias >> 88.7, where e^x overflows f32
+EXTREME_HEAD = 0
+
+
+def gate_inputs(inputs: dict, params: dict) -> dict:
+    """Transformation "extremes.gate": a = params["a"] on v-head params["v_head"], every row and token."""
+    inputs["a"][:, :, int(params["v_head"])] = float(params["a"])
+    return inputs
 
 
 def extreme_inputs(case: Case, device="cpu") -> dict:
     """The launch check_extremes runs: the case's tensors with a = 120 on v-head 0, every token."""
-    inputs = materialize(case, device)
-    inputs["a"][:, :, 0] = EXTREME_LOGIT
-    return inputs
+    return gate_inputs(materialize(case, device), {"v_head": EXTREME_HEAD, "a": EXTREME_LOGIT})
 
 
 def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
@@ -231,12 +285,16 @@ def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
     outside the write set changes (M8).  A finite value of head 0 that matches neither is a
     finding, and so is any damage elsewhere.  Check ids extremes.oracle.<output>, extremes.writes.*.
     (The released kernel does write a non-finite fold here: run 9 of docs/h200-results.md.)
+    Findings carry the launch: the case and the transformation "extremes.gate" {"v_head": 0, "a": 120}.
     """
-    inputs = extreme_inputs(case, device)
+    params = {"v_head": EXTREME_HEAD, "a": EXTREME_LOGIT}
+    rec = launch_record(case, "extremes.gate", params,
+                        note=f"a = {EXTREME_LOGIT:g} on v-head {EXTREME_HEAD} (every row and token) on the case's inputs")
+    inputs = gate_inputs(materialize(case, device), params)
     obs = observe(target, case, device, inputs=inputs)
     if obs.error is not None:
         return [Finding("extremes.launch", "H*", f"a launch with a + dt_bias ~ {EXTREME_LOGIT:g} raised "
-                        f"{type(obs.error).__name__}: {obs.error}", outcome=raised(obs.error))]
+                        f"{type(obs.error).__name__}: {obs.error}", outcome=raised(obs.error), launch=rec)]
     e = expectation(obs)
     metrics = oracle_metrics(obs, e)
     for name in ("y", "u", "g", "fold"):  # v-head 0: the documented non-finite outcome is allowed (N2)
@@ -245,7 +303,7 @@ def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
     out = []
     for f in check_oracle(obs, e, metrics) + check_writes(obs):
         out.append(dataclasses.replace(f, prop=f"extremes.{f.prop}", message=(
-            f"with a + dt_bias ~ {EXTREME_LOGIT:g} on v-head 0: " + f.message)))
+            f"with a + dt_bias ~ {EXTREME_LOGIT:g} on v-head 0: " + f.message), launch=rec))
     return out
 
 

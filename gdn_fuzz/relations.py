@@ -52,8 +52,8 @@ import random
 import torch
 
 from .case import RING_SLOTS, W_RING, Case, Row, materialize
-from .checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, check_writes, observe, raised,
-                     same_bits)
+from .checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes, launch_record,
+                     observe, raised, same_bits)
 from .oracles import ring as ring_oracle
 from .targets import Target
 
@@ -118,8 +118,11 @@ def _diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, mask: t
     first = diff.nonzero()[0].tolist()
     row = row_of(first) if row_of is not None else first[0]
     head = first[head_dim] if head_dim is not None else None
-    return [Finding(prop, clause, f"{what}: {n} element(s) differ in their bits, first at index {first}",
-                    row=row, head=head, value=_maxdiff(got, want, diff), outcome=BITS_DIFFER)]
+    g, w = float(got[tuple(first)].double()), float(want[tuple(first)].double())
+    return [Finding(prop, clause, f"{what}: {n} element(s) differ in their bits, first at index {first} "
+                    f"({g:.6g} vs {w:.6g} expected)", row=row, head=head, value=_maxdiff(got, want, diff),
+                    outcome=BITS_DIFFER, unit=f"largest absolute difference over the {n} differing "
+                    f"{str(got.dtype).replace('torch.', '')} element(s)", bound="the contract requires equal bits")]
 
 
 def _y_diff(prop: str, clause: str, got: torch.Tensor, want: torch.Tensor, live: torch.Tensor,
@@ -189,6 +192,12 @@ def alternate_flush_min(case: Case) -> int | None:
     return best if flips(best) else None
 
 
+def override_inputs(inputs: dict, params: dict) -> dict:
+    """Transformation "override": the same tensors with scalar keyword arguments replaced
+    (params: e.g. {"flush_min": 9} or {"restart_hist_on_flush": False})."""
+    return dict(inputs, **params)
+
+
 def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
     """M7, M8: a row's route (flush or verify) changes nothing but its g appends and its pool row.
 
@@ -200,23 +209,32 @@ def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
     rings and pool keeps its bits in both runs (M8, via checks.check_writes).  With
     restart_hist_on_flush=True the committed cursors of rows that kept their route are
     bit-identical too (C2).  No legal flush_min switches any row: no finding.
+
+    Findings carry their launch (Finding.launch): the second run is the transformation
+    "override" with {"flush_min": f2} of the case's inputs; a write-set finding of the first
+    run is the plain case.
     """
     f2 = alternate_flush_min(case)
     if f2 is None:
         return []
+    plain = launch_record(case)
     inputs, a, bad = _base(target, case, device, "routing")
     if bad:
-        return bad
-    case2 = dataclasses.replace(case, flush_min=f2)
-    inputs2 = dict(inputs, flush_min=f2)
-    b = _run(target, case2, device, inputs2)
-    bad = _failed("routing", b, f"the launch with flush_min={f2}")
-    if bad:
-        return bad
+        return attach(bad, plain)
     live = _live(inputs)
     P = inputs["hist_len"].long()
     switched = live & ((P >= case.fmin) != (P >= f2))
-    where = f"flush_min {case.fmin} vs {f2} (rows {switched.nonzero().flatten().tolist()} switch route)"
+    sw_list = switched.nonzero().flatten().tolist()
+    params = {"flush_min": f2}
+    second = launch_record(case, "override", params,
+                           note=f"launched as printed (flush_min={case.fmin}) and again with flush_min={f2} "
+                                f"(rows {sw_list} switch route), the two compared bit for bit")
+    case2 = dataclasses.replace(case, flush_min=f2)
+    b = _run(target, case2, device, override_inputs(inputs, params))
+    bad = _failed("routing", b, f"the launch with flush_min={f2}")
+    if bad:
+        return attach(bad, second)
+    where = f"flush_min {case.fmin} vs {f2} (rows {sw_list} switch route)"
     out = _y_diff("routing.y_bits", "M7", b.output, a.output, live, f"y of a live row, {where}")
     # allowed differences: g appends and pool rows of switched rows
     pool_n = inputs["initial_state_source"].shape[0]
@@ -236,9 +254,10 @@ def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
         for name in CURSORS:
             out += _diff(f"routing.{name}_bits", "C2", b.after[name], a.after[name], ~switched,
                          f"committed {name} of a row that kept its route, {where}")
-    for obs, tag in ((a, f"flush_min={case.fmin}"), (b, f"flush_min={f2}")):
+    attach(out, second)
+    for obs, tag, rec in ((a, f"flush_min={case.fmin}", plain), (b, f"flush_min={f2}", second)):
         for f in check_writes(obs):
-            out.append(dataclasses.replace(f, prop=f"routing.{f.prop}", message=f"{tag}: {f.message}"))
+            out.append(dataclasses.replace(f, prop=f"routing.{f.prop}", message=f"{tag}: {f.message}", launch=rec))
     return out
 
 
@@ -270,22 +289,24 @@ def check_determinism(target: Target, case: Case, device="cpu") -> list[Finding]
     bit-identical buffers after (pool, rings, cursors), and the case's read and write sets
     are disjoint (R2, check_rw_disjoint).  A case whose sets overlap is racy by contract
     (R3), so it is not launched."""
+    plain = launch_record(case)
     out = check_rw_disjoint(case, device)
     if out:
-        return out
+        return attach(out, plain)
     inputs, a, bad = _base(target, case, device, "determinism")
     if bad:
-        return bad
+        return attach(bad, plain)
+    twice = launch_record(case, note="the printed case launched twice from identical inputs")
     b = _run(target, case, device, inputs)
     bad = _failed("determinism", b, "the second launch of the same inputs")
     if bad:
-        return bad
+        return attach(bad, twice)
     out = _y_diff("determinism.y_bits", "R1", b.output, a.output, _live(inputs),
                   "y of a live row between two launches of the same inputs")
     for f in _buffers_diff("determinism", b.after, a.after, BUFFERS,
                            "buffers after two launches of the same inputs", owner=_slot_owner(inputs)):
         out.append(dataclasses.replace(f, clause="R1"))
-    return out
+    return attach(out, twice)
 
 
 # ------------------------------------------------------------------ 3. output in place (M8)
@@ -299,6 +320,38 @@ def output_pattern(shape, dtype, device) -> torch.Tensor:
     return (7.0 + (torch.arange(n, device=device) % 64).float() / 8.0).to(dtype).reshape(shape)
 
 
+OUTPUTS = {
+    "contiguous": "output= a contiguous [B, T, HV, V] IO-dtype tensor pre-filled with output_pattern (written in "
+                  "place), compared with the output=None launch",
+    "transposed": "output= a transposed [B, T, HV, V] IO-dtype view (the copy path), compared with the output=None "
+                  "launch",
+    "fp32": "output= an fp32 [B, T, HV, V] tensor of NaN (the copy path), compared with the output=None launch",
+}
+
+
+def output_tensor(kind: str, inputs: dict) -> torch.Tensor:
+    """The caller-provided output of check_output_inplace's launch `kind` (a key of OUTPUTS)."""
+    B, T = inputs["q"].shape[:2]
+    HV, V = inputs["v"].shape[2], inputs["v"].shape[3]
+    io, dev = inputs["q"].dtype, inputs["q"].device
+    if kind == "contiguous":
+        return output_pattern((B, T, HV, V), io, dev)
+    if kind == "transposed":
+        return output_pattern((B, HV, T, V), io, dev).transpose(1, 2)
+    if kind == "fp32":
+        return torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=dev)
+    raise ValueError(f"output kind {kind!r} is unknown; use one of {', '.join(OUTPUTS)}")
+
+
+def output_inputs(inputs: dict, params: dict) -> dict:
+    """Transformation "output": the same inputs with output=output_tensor(params["output"])."""
+    return dict(inputs, output=output_tensor(params["output"], inputs))
+
+
+def _output_record(case: Case, kind: str) -> dict:
+    return launch_record(case, "output", {"output": kind}, note=OUTPUTS[kind])
+
+
 def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Finding]:
     """M8 (and table 1.1 `output`): where the output goes does not change what is computed.
 
@@ -308,22 +361,20 @@ def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Findi
     after are the same.  A transposed view (non-contiguous) and an fp32 tensor go through
     the copy path: the same object comes back and its live rows equal the output=None run
     bitwise (exactly converted for fp32); their pad rows are scratch (M8) and not checked.
+    Findings carry their launch: the transformation "output" with {"output": kind}.
     """
     inputs, a, bad = _base(target, case, device, "output_inplace")
     if bad:
-        return bad
+        return attach(bad, launch_record(case))
     live = _live(inputs)
-    B, T, H, _ = inputs["q"].shape
-    HV, V = inputs["v"].shape[2], inputs["v"].shape[3]
-    io = inputs["q"].dtype
-    dev = inputs["q"].device
     out: list[Finding] = []
     # contiguous, exact shape and dtype: in place
-    buf = output_pattern((B, T, HV, V), io, dev)
+    buf = output_tensor("contiguous", inputs)
     pattern = buf.clone()
     obs = _run(target, case, device, inputs, output=buf)
     if obs.error is not None:
-        return _failed("output_inplace", obs, "a launch with a contiguous output tensor")
+        return attach(_failed("output_inplace", obs, "a launch with a contiguous output tensor"),
+                      _output_record(case, "contiguous"))
     if obs.output is not buf:
         out.append(Finding("output_inplace.identity", "M8",
                            "a contiguous [B, T, HV, V] IO-dtype output was not the object returned",
@@ -334,22 +385,25 @@ def check_output_inplace(target: Target, case: Case, device="cpu") -> list[Findi
                    "y written in place vs output=None")
     out += _buffers_diff("output_inplace", obs.after, a.after, POOL_KEYS,
                          "buffers after, in-place output vs output=None", owner=_slot_owner(inputs))
+    attach(out, _output_record(case, "contiguous"))
     # the copy paths: a non-contiguous view, and another dtype (fp32: the conversion is exact)
     copy_paths = (
-        ("strided", "a transposed output view", output_pattern((B, HV, T, V), io, dev).transpose(1, 2), a.output),
-        ("converted", "an fp32 output tensor",
-         torch.full((B, T, HV, V), float("nan"), dtype=torch.float32, device=dev), a.output.float()),
+        ("strided", "transposed", "a transposed output view", a.output),
+        ("converted", "fp32", "an fp32 output tensor", a.output.float()),
     )
-    for tag, what, buf2, want in copy_paths:
+    for tag, kind, what, want in copy_paths:
+        buf2 = output_tensor(kind, inputs)
         obs = _run(target, case, device, inputs, output=buf2)
+        found: list[Finding] = []
         if obs.error is not None:
-            out += _failed(f"output_inplace.{tag}", obs, f"a launch with {what}")
-            continue
-        if obs.output is not buf2:
-            out.append(Finding(f"output_inplace.{tag}_identity", "M8", f"{what} was not the object returned",
-                               outcome=WRONG_VALUE))
-        out += _y_diff(f"output_inplace.{tag}_y_bits", "M8", buf2, want, live,
-                       f"y copied into {what} vs output=None")
+            found += _failed(f"output_inplace.{tag}", obs, f"a launch with {what}")
+        else:
+            if obs.output is not buf2:
+                found.append(Finding(f"output_inplace.{tag}_identity", "M8", f"{what} was not the object returned",
+                                     outcome=WRONG_VALUE))
+            found += _y_diff(f"output_inplace.{tag}_y_bits", "M8", buf2, want, live,
+                             f"y copied into {what} vs output=None")
+        out += attach(found, _output_record(case, kind))
     return out
 
 
@@ -360,18 +414,38 @@ def _extend_pool(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([t, t[:1].expand(n, *t.shape[1:])], 0).clone() if n else t
 
 
-def batch_perm(target, case, device, inputs, a) -> list[Finding]:
-    """R1: permuting the batch rows (one cycle moving every row) permutes y and leaves the
-    same pool and rings; committed cursors are permuted with their rows."""
-    B = case.B
-    if B < 2:
-        return []
-    perm = _one_cycle(_rng(case, "batch_perm"), B)  # new row i = old row perm[i]
+# Each relation is a parameter draw X_params(case) (from _rng(case, X): a Case replays exactly), a
+# builder X_inputs(case, inputs, params) -> (case2, inputs2) that makes the transformed launch from
+# the case's materialized inputs, and the check X(target, case, device, inputs, a).  Findings carry
+# the transformation "metamorphic.X" with its params (Finding.launch), and
+# gdn_fuzz.reproducer rebuilds the transformed launch from them with the same builder.
+
+
+def batch_perm_params(case: Case) -> dict | None:
+    if case.B < 2:
+        return None
+    return {"perm": _one_cycle(_rng(case, "batch_perm"), case.B)}  # new row i = old row perm[i]
+
+
+def batch_perm_inputs(case: Case, inputs: dict, params: dict):
+    perm = params["perm"]
     pt = torch.tensor(perm, device=inputs["q"].device)
     case2 = dataclasses.replace(case, rows=tuple(case.rows[p] for p in perm))
     inp2 = dict(inputs)
     for key in BATCH_KEYS:
         inp2[key] = inputs[key][pt].clone()
+    return case2, inp2
+
+
+def batch_perm(target, case, device, inputs, a) -> list[Finding]:
+    """R1: permuting the batch rows (one cycle moving every row) permutes y and leaves the
+    same pool and rings; committed cursors are permuted with their rows."""
+    params = batch_perm_params(case)
+    if params is None:
+        return []
+    perm = params["perm"]
+    pt = torch.tensor(perm, device=inputs["q"].device)
+    case2, inp2 = batch_perm_inputs(case, inputs, params)
     b = _run(target, case2, device, inp2)
     bad = _failed("metamorphic.batch_perm", b, "the launch with permuted batch rows")
     if bad:
@@ -386,23 +460,24 @@ def batch_perm(target, case, device, inputs, a) -> list[Finding]:
     return [dataclasses.replace(f, clause="R1") if f.clause != "C2" else f for f in out]
 
 
-def slot_move(target, case, device, inputs, a) -> list[Finding]:
-    """M3, M5, M7: every access goes through initial_state_indices.  One live request moves to
-    a slot no row uses (appended to the pool when none is free): its pool row and its rings
-    are copied there and the vacated slot is filled with NaN.  y is bitwise the same, the new
-    slot after equals the old slot after, and the vacated slot keeps its NaN."""
+def slot_move_params(case: Case) -> dict | None:
     live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
     if not live_rows:
-        return []
+        return None
     rng = _rng(case, "slot_move")
     r = rng.choice(live_rows)
-    s = case.rows[r].slot
     used = {x.slot for x in case.rows if not x.pad}
     free = [x for x in range(case.pool) if x not in used]
     if free:
         u, pool2 = rng.choice(free), case.pool
     else:
         u, pool2 = case.pool, case.pool + 1
+    return {"row": r, "to": u, "pool": pool2}
+
+
+def slot_move_inputs(case: Case, inputs: dict, params: dict):
+    r, u, pool2 = params["row"], params["to"], params["pool"]
+    s = case.rows[r].slot
     inp2 = dict(inputs)
     for key in POOL_KEYS:
         t = _extend_pool(inputs[key], pool2 - case.pool).clone()
@@ -414,9 +489,22 @@ def slot_move(target, case, device, inputs, a) -> list[Finding]:
     inp2["initial_state_indices"] = idx
     rows = list(case.rows)
     rows[r] = dataclasses.replace(rows[r], slot=u)
-    case2 = dataclasses.replace(case, rows=tuple(rows), pool=pool2)
+    return dataclasses.replace(case, rows=tuple(rows), pool=pool2), inp2
+
+
+def slot_move(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5, M7: every access goes through initial_state_indices.  One live request moves to
+    a slot no row uses (appended to the pool when none is free): its pool row and its rings
+    are copied there and the vacated slot is filled with NaN.  y is bitwise the same, the new
+    slot after equals the old slot after, and the vacated slot keeps its NaN."""
+    params = slot_move_params(case)
+    if params is None:
+        return []
+    r, u, pool2 = params["row"], params["to"], params["pool"]
+    s = case.rows[r].slot
+    case2, inp2 = slot_move_inputs(case, inputs, params)
     b = _run(target, case2, device, inp2)
-    what = f"row {r} moved from pool slot {s} to {u}" + ("" if free else " (appended to the pool)")
+    what = f"row {r} moved from pool slot {s} to {u}" + ("" if pool2 == case.pool else " (appended to the pool)")
     bad = _failed("metamorphic.slot_move", b, f"the launch with {what}")
     if bad:
         return bad
@@ -433,14 +521,15 @@ def slot_move(target, case, device, inputs, a) -> list[Finding]:
     return out
 
 
-def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
-    """M3, M5, M7: relabelling every pool slot by a permutation sigma (pool rows and rings
-    moved to sigma(slot), indices mapped through sigma) changes no bit of y and relabels the
-    buffers after the same way."""
+def pool_relabel_params(case: Case) -> dict | None:
+    if case.pool < 2:
+        return None
+    return {"sigma": _one_cycle(_rng(case, "pool_relabel"), case.pool)}  # old slot i -> new slot sigma[i]
+
+
+def pool_relabel_inputs(case: Case, inputs: dict, params: dict):
+    sigma = params["sigma"]
     n = case.pool
-    if n < 2:
-        return []
-    sigma = _one_cycle(_rng(case, "pool_relabel"), n)  # old slot i -> new slot sigma[i]
     dev = inputs["q"].device
     st = torch.tensor(sigma, device=dev)
     inv = torch.empty_like(st)
@@ -452,6 +541,21 @@ def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
     inp2["initial_state_indices"] = torch.where(idx >= 0, st[idx.clamp(min=0)], idx).to(torch.int32)
     case2 = dataclasses.replace(case, rows=tuple(
         r if r.pad else dataclasses.replace(r, slot=sigma[r.slot]) for r in case.rows))
+    return case2, inp2
+
+
+def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5, M7: relabelling every pool slot by a permutation sigma (pool rows and rings
+    moved to sigma(slot), indices mapped through sigma) changes no bit of y and relabels the
+    buffers after the same way."""
+    params = pool_relabel_params(case)
+    if params is None:
+        return []
+    sigma = params["sigma"]
+    st = torch.tensor(sigma, device=inputs["q"].device)
+    inv = torch.empty_like(st)
+    inv[st] = torch.arange(case.pool, device=st.device)
+    case2, inp2 = pool_relabel_inputs(case, inputs, params)
     b = _run(target, case2, device, inp2)
     what = f"pool slots relabelled by {sigma}"
     bad = _failed("metamorphic.pool_relabel", b, f"the launch with {what}")
@@ -465,34 +569,51 @@ def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
     return out
 
 
+def isolation_params(case: Case) -> list[dict] | None:
+    """One params dict per launch: {"live_rows": the rows kept live}."""
+    live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
+    if len(live_rows) < 2:
+        return None
+    _rng(case, "isolation").shuffle(live_rows)
+    return [{"live_rows": sorted(live_rows[0::2])}, {"live_rows": sorted(live_rows[1::2])}]
+
+
+def isolation_inputs(case: Case, inputs: dict, params: dict):
+    group = params["live_rows"]
+    keep = torch.zeros(case.B, dtype=torch.bool, device=inputs["q"].device)
+    keep[group] = True
+    inp2 = dict(inputs)
+    inp2["initial_state_indices"] = torch.where(keep, inputs["initial_state_indices"], -1).to(torch.int32)
+    inp2["hist_len"] = torch.where(keep, inputs["hist_len"], 0).to(torch.int32)
+    inp2["cache_base"] = torch.where(keep, inputs["cache_base"], 0).to(torch.int32)
+    case2 = dataclasses.replace(case, rows=tuple(
+        r if i in group else Row(slot=-1, hist_len=0, cache_base=0) for i, r in enumerate(case.rows)))
+    return case2, inp2
+
+
 def isolation(target, case, device, inputs, a) -> list[Finding]:
     """R1 (one CTA per (row, head), no communication): the live rows are split in two groups;
     each group runs with the other rows turned into pad rows (same batch size and positions).
     Its rows' y, pool rows, rings and cursors are bitwise those of the full run, and no slot
     of the padded rows is touched."""
-    live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
-    if len(live_rows) < 2:
+    groups = isolation_params(case)
+    if groups is None:
         return []
-    rng = _rng(case, "isolation")
-    rng.shuffle(live_rows)
     out = []
     dev = inputs["q"].device
-    for group in (sorted(live_rows[0::2]), sorted(live_rows[1::2])):
+    for params in groups:
+        group = params["live_rows"]
         keep = torch.zeros(case.B, dtype=torch.bool, device=dev)
         keep[group] = True
-        inp2 = dict(inputs)
-        inp2["initial_state_indices"] = torch.where(keep, inputs["initial_state_indices"], -1).to(torch.int32)
-        inp2["hist_len"] = torch.where(keep, inputs["hist_len"], 0).to(torch.int32)
-        inp2["cache_base"] = torch.where(keep, inputs["cache_base"], 0).to(torch.int32)
-        case2 = dataclasses.replace(case, rows=tuple(
-            r if i in group else Row(slot=-1, hist_len=0, cache_base=0) for i, r in enumerate(case.rows)))
+        case2, inp2 = isolation_inputs(case, inputs, params)
         b = _run(target, case2, device, inp2)
         what = f"only rows {group} live, the others pad rows"
+        rec = _metamorphic_record(case, "isolation", params)
         bad = _failed("metamorphic.isolation", b, f"the launch with {what}")
         if bad:
-            out += bad
+            out += attach(bad, rec)
             continue
-        out += _y_diff("metamorphic.isolation.y_bits", "R1", b.output, a.output, keep, f"y, {what}")
+        found = _y_diff("metamorphic.isolation.y_bits", "R1", b.output, a.output, keep, f"y, {what}")
         slots = torch.tensor([case.rows[i].slot for i in group], device=dev, dtype=torch.long)
         want = {}
         for key in POOL_KEYS:
@@ -501,22 +622,23 @@ def isolation(target, case, device, inputs, a) -> list[Finding]:
             want[key] = w
         masks = {k: keep for k in CURSORS}
         want.update({k: a.after[k] for k in CURSORS})
-        found = _buffers_diff("metamorphic.isolation", b.after, want, BUFFERS, f"buffers after, {what}",
-                              masks=masks, owner=_slot_owner(inp2))
-        out += [dataclasses.replace(f, clause="R1") if f.clause != "C2" else f for f in found]
+        found += [dataclasses.replace(f, clause="R1") if f.clause != "C2" else f for f in _buffers_diff(
+            "metamorphic.isolation", b.after, want, BUFFERS, f"buffers after, {what}", masks=masks,
+            owner=_slot_owner(inp2))]
+        out += attach(found, rec)
     return out
 
 
-def rotation(target, case, device, inputs, a) -> list[Finding]:
-    """M3, M5: slot(j) = (base + j) & 31 is the only place a physical slot appears.  Each live
-    row's cache_base grows by r in [1, 31] and its pool slot's 32 ring slots are rolled by r
-    (the same logical window): y is bitwise unchanged, the rings after are the base run's
-    rolled by r, the pool is unchanged and the committed cache_base is shifted by r."""
+def rotation_params(case: Case) -> dict | None:
     live_rows = [i for i, r in enumerate(case.rows) if not r.pad]
     if not live_rows:
-        return []
+        return None
     rng = _rng(case, "rotation")
-    rot = {i: rng.randrange(1, RING_SLOTS) for i in live_rows}
+    return {"rotations": [[i, rng.randrange(1, RING_SLOTS)] for i in live_rows]}  # [row, r]
+
+
+def rotation_inputs(case: Case, inputs: dict, params: dict):
+    rot = {int(i): int(r) for i, r in params["rotations"]}
     dev = inputs["q"].device
     inp2 = dict(inputs)
     for key in ("k_cache", "u_cache", "g_cache"):
@@ -531,6 +653,22 @@ def rotation(target, case, device, inputs, a) -> list[Finding]:
     case2 = dataclasses.replace(case, rows=tuple(
         dataclasses.replace(r, cache_base=(r.cache_base + rot.get(i, 0)) & (RING_SLOTS - 1))
         for i, r in enumerate(case.rows)))
+    return case2, inp2
+
+
+def rotation(target, case, device, inputs, a) -> list[Finding]:
+    """M3, M5: slot(j) = (base + j) & 31 is the only place a physical slot appears.  Each live
+    row's cache_base grows by r in [1, 31] and its pool slot's 32 ring slots are rolled by r
+    (the same logical window): y is bitwise unchanged, the rings after are the base run's
+    rolled by r, the pool is unchanged and the committed cache_base is shifted by r."""
+    params = rotation_params(case)
+    if params is None:
+        return []
+    rot = {i: r for i, r in params["rotations"]}
+    shift = torch.zeros(case.B, dtype=torch.int32, device=inputs["q"].device)
+    for i, r in rot.items():
+        shift[i] = r
+    case2, inp2 = rotation_inputs(case, inputs, params)
     b = _run(target, case2, device, inp2)
     what = "ring rotated by " + ", ".join(f"row {i}: {r}" for i, r in rot.items())
     bad = _failed("metamorphic.rotation", b, f"the launch with the {what}")
@@ -599,19 +737,43 @@ def _same_as_compact(name: str, clause: str, target, case, device, inputs, a, ma
     return [dataclasses.replace(f, clause=clause) if f.clause != "C2" else f for f in out]
 
 
+FUSED_PAD = 64  # NaN columns after the fused q/k/v and a/b projections
+PAGES = 2  # strided_pool: each pool/ring row is the first of PAGES rows of a page
+
+
+def strided_qkv_params(case: Case) -> dict:
+    return {"pad": FUSED_PAD}
+
+
+def strided_qkv_inputs(case: Case, inputs: dict, params: dict):
+    return case, fused_qkv(inputs, params["pad"])
+
+
 def strided_qkv(target, case, device, inputs, a) -> list[Finding]:
     """H16 / table 1.1: q/k/v given as strided views of one fused projection (fused_qkv; the
     default mode copies them, the strided mode reads them in place) give the same output and
     buffers bitwise as compact tensors."""
-    return _same_as_compact("strided_qkv", "H16", target, case, device, inputs, a, fused_qkv,
+    params = strided_qkv_params(case)
+    return _same_as_compact("strided_qkv", "H16", target, case, device, inputs, a,
+                            lambda kw: strided_qkv_inputs(case, kw, params)[1],
                             "q/k/v as views of a fused projection")
+
+
+def strided_ab_params(case: Case) -> dict:
+    return {"pad": FUSED_PAD}
+
+
+def strided_ab_inputs(case: Case, inputs: dict, params: dict):
+    return case, fused_ab(inputs, params["pad"])
 
 
 def strided_ab(target, case, device, inputs, a) -> list[Finding]:
     """Table 1.1 (a, b: read in place if compact with equal strides, else copied): a and b
     given as views of one fused gate projection (fused_ab) give the same output and buffers
     bitwise as compact tensors.  No clause id covers the a/b layout, so findings cite "1.1"."""
-    return _same_as_compact("strided_ab", "1.1", target, case, device, inputs, a, fused_ab,
+    params = strided_ab_params(case)
+    return _same_as_compact("strided_ab", "1.1", target, case, device, inputs, a,
+                            lambda kw: strided_ab_inputs(case, kw, params)[1],
                             "a/b as views of a fused [B, T, 2*HV + pad] tensor")
 
 
@@ -623,6 +785,21 @@ def paged(t: torch.Tensor, pages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     return page, page[:, 0]
 
 
+def strided_pool_params(case: Case) -> dict:
+    return {"pad": FUSED_PAD, "pages": PAGES}
+
+
+def _strided_pool_views(inputs: dict, params: dict, pages: dict) -> dict:
+    kw = fused_qkv(inputs, params["pad"])
+    for key in POOL_KEYS:
+        pages[key], kw[key] = paged(kw[key], params["pages"])
+    return kw
+
+
+def strided_pool_inputs(case: Case, inputs: dict, params: dict):
+    return case, _strided_pool_views(inputs, params, {})
+
+
 def strided_pool(target, case, device, inputs, a) -> list[Finding]:
     """H8, H16: the pool and rings as block-strided views of larger pages (dim-0 stride twice
     the dense one, inner dims dense, as paged serving layouts do) with q/k/v/a/b as fused views
@@ -630,14 +807,8 @@ def strided_pool(target, case, device, inputs, a) -> list[Finding]:
     tensors, and the rest of every page keeps its NaN.  NotImplementedError (H16: the mode
     needs SGLANG_GDN_WY_STRIDED_QKV=1 at import) records nothing."""
     pages = {}
-
-    def make(kw):
-        kw = fused_qkv(kw)
-        for key in POOL_KEYS:
-            pages[key], kw[key] = paged(kw[key])
-        return kw
-
-    b, _ = _run_views(target, case, device, inputs, make)
+    params = strided_pool_params(case)
+    b, _ = _run_views(target, case, device, inputs, lambda kw: _strided_pool_views(kw, params, pages))
     if isinstance(b.error, NotImplementedError):
         return []  # H16: the strided-pool mode is not enabled in this module instance
     bad = _failed("metamorphic.strided_pool", b, "the launch with a block-strided pool and rings")
@@ -665,6 +836,38 @@ METAMORPHIC = {
     "strided_pool": strided_pool,
 }
 
+# name -> (params(case), inputs(case, inputs, params) -> (case2, inputs2), what the launch is)
+METAMORPHIC_LAUNCHES = {
+    "batch_perm": (batch_perm_params, batch_perm_inputs,
+                   "the batch rows permuted (new row i = old row perm[i])"),
+    "slot_move": (slot_move_params, slot_move_inputs,
+                  "row `row` moved to pool slot `to` (pool and rings copied there, the old slot NaN; pool size `pool`)"),
+    "pool_relabel": (pool_relabel_params, pool_relabel_inputs,
+                     "every pool slot i relabelled sigma[i] (pool rows, rings and indices)"),
+    "isolation": (isolation_params, isolation_inputs, "only rows `live_rows` live, the others turned into pad rows"),
+    "rotation": (rotation_params, rotation_inputs,
+                 "each [row, r]: cache_base + r and the row's 32 ring slots rolled by r"),
+    "strided_qkv": (strided_qkv_params, strided_qkv_inputs,
+                    "q/k/v as views of one fused [B, T, H*K + H*K + HV*V + pad] projection (pad NaN)"),
+    "strided_ab": (strided_ab_params, strided_ab_inputs,
+                   "a/b as views of one fused [B, T, 2*HV + pad] gate tensor (pad NaN)"),
+    "strided_pool": (strided_pool_params, strided_pool_inputs,
+                     "q/k/v fused views, and the pool and rings as dim-0 strided views (page = `pages` rows, rest NaN)"),
+}
+
+
+def _metamorphic_record(case: Case, name: str, params: dict | None) -> dict:
+    what = METAMORPHIC_LAUNCHES[name][2]
+    ps = ", ".join(f"{k}={v}" for k, v in (params or {}).items())
+    return launch_record(case, f"metamorphic.{name}", params or {},
+                         note=f"metamorphic.{name}({ps}): {what}; compared with the plain launch of the case")
+
+
+def metamorphic_inputs(name: str, case: Case, inputs: dict, params: dict) -> dict:
+    """The keyword arguments of relation `name`'s transformed launch (the transformation
+    "metamorphic.<name>" of gdn_fuzz.reproducer), from the case's materialized inputs."""
+    return METAMORPHIC_LAUNCHES[name][1](case, inputs, params)[1]
+
 
 def check_metamorphic(target: Target, case: Case, device="cpu", only=None) -> list[Finding]:
     """R1, M3, M5, M7, H8, H16, table 1.1: every relation in METAMORPHIC (or those named in `only`)
@@ -672,10 +875,14 @@ def check_metamorphic(target: Target, case: Case, device="cpu", only=None) -> li
     names = list(METAMORPHIC) if only is None else list(only)
     inputs, a, bad = _base(target, case, device, "metamorphic")
     if bad:
-        return bad
+        return attach(bad, launch_record(case))
     out = []
     for name in names:
-        out += METAMORPHIC[name](target, case, device, inputs, a)
+        found = METAMORPHIC[name](target, case, device, inputs, a)
+        if found:
+            params = METAMORPHIC_LAUNCHES[name][0](case)
+            attach(found, _metamorphic_record(case, name, None if isinstance(params, list) else params))
+        out += found
     return out
 
 
