@@ -10,6 +10,8 @@ Options (group "gdn_fuzz", prefix --gdn-):
   --gdn-corpus-readonly    never write the corpus (CI; or GDN_FUZZ_CORPUS_READONLY=1)
 Profiles (--hypothesis-profile NAME or env GDN_FUZZ_PROFILE): ci (deterministic, bounded),
 dev (the default outside CI; ci is the default when $CI is set), nightly (many examples, long stateful runs).
+A profile is loaded only in a gdn_fuzz session (ini gdn_fuzz_profiles = true, a --gdn-* option,
+or GDN_FUZZ_PROFILE): installed beside another project, the plugin leaves its settings alone.
 """
 
 from __future__ import annotations
@@ -69,17 +71,35 @@ def _database():
     return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(shared)))
 
 
-settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=15, deadline=None, database=_database(),
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", max_examples=2000, deadline=None, stateful_step_count=250,
-                          database=_database(),
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+def register_profiles() -> None:
+    """The gdn_fuzz Hypothesis profiles: ci (deterministic, bounded), dev, nightly."""
+    settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("dev", max_examples=15, deadline=None, database=_database(),
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("nightly", max_examples=2000, deadline=None, stateful_step_count=250,
+                              database=_database(),
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+GDN_OPTIONS = ("--gdn-target", "--gdn-arms", "--gdn-device", "--gdn-corpus", "--gdn-corpus-readonly")
+
+
+def gdn_session(config) -> bool:
+    """Does this pytest session run gdn_fuzz suites?  Only then does the plugin load a Hypothesis
+    profile: the project opted in (ini `gdn_fuzz_profiles = true`, as gdn_fuzz's own pyproject
+    does), a --gdn-* option was given on the command line, or GDN_FUZZ_PROFILE is set.  Installed
+    beside another project, the plugin leaves that project's Hypothesis settings alone."""
+    if config.getini("gdn_fuzz_profiles") or os.environ.get("GDN_FUZZ_PROFILE"):
+        return True
+    args = [str(a) for a in getattr(config.invocation_params, "args", ())]
+    return any(a == o or a.startswith(o + "=") for a in args for o in GDN_OPTIONS)
 
 
 def pytest_addoption(parser):
+    parser.addini("gdn_fuzz_profiles", type="bool", default=False,
+                  help="load a gdn_fuzz Hypothesis profile (ci when $CI is set, else dev; or $GDN_FUZZ_PROFILE) "
+                       "for this project's tests")
     g = parser.getgroup("gdn_fuzz", "gdn_fuzz property suites")
     g.addoption("--gdn-target", default=os.environ.get("GDN_FUZZ_TARGET"),
                 help="reference | production | sm100 | PATH.py (env GDN_FUZZ_TARGET)")
@@ -92,7 +112,11 @@ def pytest_addoption(parser):
 _ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY")
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin, which loads --hypothesis-profile NAME
 def pytest_configure(config):
+    register_profiles()  # names only: no profile becomes active here
+    if gdn_session(config):
+        settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
     # the corpus options reach gdn_fuzz.corpus through the environment for this session only:
     # restored at unconfigure, so an in-process child session (pytester) cannot leak its corpus
     config._gdn_saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}

@@ -77,3 +77,32 @@ def test_known_bug_makes_a_property_test_an_xfail_naming_its_entry(pytester, tmp
     res.assert_outcomes(failed=1)
     assert [corpus.read(p).signature for p in corpus.entries(tmp_path / "empty")] == [
         "oracle.fold [M7] out of tolerance (flush rows)"]
+
+
+COUNTING_TEST = '''
+from hypothesis import given, strategies as st
+
+SEEN = []
+
+
+@given(st.integers())
+def test_count(x):
+    SEEN.append(x)
+
+
+def test_report():
+    print("EXAMPLES", len(SEEN))
+'''
+
+
+def test_another_projects_hypothesis_settings_are_left_alone(pytester, monkeypatch):
+    """Installed beside another project, the plugin loads no profile: that project's own test keeps
+    Hypothesis' default 100 examples (it got 15 when the plugin loaded "dev" at import); a session
+    that asks for gdn_fuzz (a --gdn-* option) gets the gdn_fuzz profile."""
+    monkeypatch.delenv("GDN_FUZZ_PROFILE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(test_other=COUNTING_TEST)
+    res = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "-p", "no:randomly")
+    res.stdout.fnmatch_lines(["*EXAMPLES 100*"])
+    res = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--gdn-target", "reference")
+    res.stdout.fnmatch_lines(["*EXAMPLES 15*"])
