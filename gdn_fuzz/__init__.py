@@ -1,7 +1,48 @@
 """gdn_fuzz: property-based testing and fuzzing of the ReplaySSM Gated DeltaNet decode step.
 
-Public surface: Case/Row/Regime (what one launch is), materialize (its tensors),
-get_target (what runs it), the checks, and the float64 oracles (gdn_fuzz.oracles).
+The public surface, importable from here (loaded on first use: `import gdn_fuzz` itself imports
+nothing heavy and changes no global state):
+
+  Case, Row, Regime        what one launch is (gdn_fuzz.case)
+  materialize              its tensors, from the case's seed
+  get_target, Target       what runs it: "reference", "production", "mutant:NAME" or a file
+  observe, Observation     one launch with every buffer before and after
+  expectation              the float64 oracle's view of that launch (gdn_fuzz.oracles.ring)
+  check_launch, check_oracle, check_writes, Finding
+                           the launch property and its two halves; a Finding's signature()
+  get_property, REGISTRY   the campaign properties by name
+  Campaign                 a budgeted fuzz campaign (what `gdn-fuzz run` drives)
+  cases                    the Hypothesis strategy of legal launches (gdn_fuzz.strategies)
+
+See tests/test_public_api.py for a ten-line property written with these names only.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Case": "case", "Row": "case", "Regime": "case", "materialize": "case",
+    "get_target": "targets", "Target": "targets",
+    "observe": "checks", "Observation": "checks", "expectation": "checks", "check_launch": "checks",
+    "check_oracle": "checks", "check_writes": "checks", "Finding": "checks",
+    "get_property": "properties", "REGISTRY": "properties",
+    "Campaign": "campaign",
+    "cases": "strategies",
+}
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gdn_fuzz' has no attribute {name!r}; public names: {', '.join(__all__)}")
+    value = getattr(importlib.import_module(f"gdn_fuzz.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -7,3 +7,5 @@ serving  multi-step verify/accept/commit machines
 """
 
 from . import commit, gdn, ring, serving  # noqa: F401
+
+__all__ = ["commit", "gdn", "ring", "serving"]

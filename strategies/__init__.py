@@ -19,3 +19,6 @@ from ._cases import (  # noqa: F401
     regimes,
     rows_for,
 )
+
+__all__ = ["BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "cache_bases", "case_events", "cases", "flush_mins",
+           "geometries_for", "hist_lens", "regimes", "rows_for"]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
 from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
 
@@ -26,7 +23,4 @@ def target_under_test(gdn_selection):
     return t, arms, device
 
 
-def pytest_configure(config):
-    # The CPU cases are small ([B <= 8, HV <= 8, 128, 128]): intra-op threads only oversubscribe
-    # the cores that xdist workers already share (measured 10-50x slower on a 2-core machine).
-    torch.set_num_threads(int(os.environ.get("GDN_FUZZ_TORCH_THREADS", "1")))
+# The thread policy (one torch thread per process) is the gdn_fuzz plugin's, in gdn_fuzz sessions.

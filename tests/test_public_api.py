@@ -1,0 +1,59 @@
+"""The public surface: a property of one's own, written with public names only.
+
+The example below is the one the package docstring points to: ten lines, imports from
+`gdn_fuzz` and `gdn_fuzz.oracles` only.  It checks M6 on its own: on verify rows the appended
+g records continue the window's cumulative decay (G_P + Gamma_s), read back through the oracle.
+It must pass on the reference target and find a planted bug (the catalogue's g_per_token, which
+stores per-token g instead of the cumulative value).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, find, given, settings
+
+import gdn_fuzz
+from gdn_fuzz import cases, expectation, get_target, observe
+
+
+def appended_g_ok(target, case) -> bool:
+    """Example property (M6): every live row's appended g records equal the oracle's within 2^-16."""
+    obs = observe(target, case)
+    e = expectation(obs)
+    idx = obs.before["initial_state_indices"].long().clamp(min=0)
+    got = obs.after["g_cache"].permute(0, 2, 1)[idx[:, None].expand_as(e.slots), e.slots]  # [B, T, HV]
+    err = (got.double() - e.g_app).abs() / e.g_mag.clamp_min(1e-30)
+    return bool((err[~e.pad] <= 2.0**-16).all())
+
+
+@settings(max_examples=20, deadline=None)
+@given(cases(arms=("bf16",)))
+def test_example_property_holds_on_the_reference(case):
+    assert appended_g_ok(get_target("reference"), case)
+
+
+def test_example_property_finds_a_planted_bug():
+    bad = find(cases(arms=("bf16",)), lambda c: not appended_g_ok(get_target("mutant:g_per_token"), c),
+               settings=settings(max_examples=200, deadline=None, database=None,
+                                 suppress_health_check=list(HealthCheck)))
+    assert any(not r.pad for r in bad.rows)
+
+
+def test_public_names_resolve_and_import_changes_nothing():
+    """Every name in __all__ resolves; importing gdn_fuzz and its public names in a fresh process
+    leaves Hypothesis' profile and CUDA_VISIBLE_DEVICES as they were."""
+    import subprocess
+    import sys
+
+    for name in gdn_fuzz.__all__:
+        assert getattr(gdn_fuzz, name) is not None, name
+    for mod in ("gdn_fuzz.strategies", "gdn_fuzz.oracles"):
+        m = __import__(mod, fromlist=["__all__"])
+        assert all(hasattr(m, n) for n in m.__all__)
+    code = ("import os, hypothesis, gdn_fuzz\n"
+            "[getattr(gdn_fuzz, n) for n in gdn_fuzz.__all__]\n"
+            "import gdn_fuzz.pytest_plugin\n"
+            "print(hypothesis.settings.get_current_profile_name(), os.environ.get('CUDA_VISIBLE_DEVICES'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in __import__("os").environ.items()
+                              if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")})
+    assert out.stdout.split() == ["default", "None"], out.stdout + out.stderr
