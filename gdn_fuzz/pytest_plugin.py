@@ -114,8 +114,8 @@ _ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY")
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin, which loads --hypothesis-profile NAME
 def pytest_configure(config):
-    register_profiles()  # names only: no profile becomes active here
     if gdn_session(config):
+        register_profiles()
         settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
         # the thread policy of gdn_fuzz suites: the CPU cases are small ([B <= 8, HV <= 8, 128, 128]);
         # intra-op threads only oversubscribe the cores xdist workers share (measured 10-50x slower
