@@ -57,7 +57,7 @@ import time
 import torch
 
 from . import properties as _P
-from .arms import ARM_NAMES, get_arm
+from .arms import ARM_NAMES
 from .case import Case, Row, materialize
 from .checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, expectation, launch_record,
                      observe, oracle_metrics, raised, same_bits)

@@ -31,7 +31,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from .case import W_RING, Case, Regime, Row, materialize, row_edges
+from .case import W_RING, Case, Regime, materialize, row_edges
 from .checks import Finding, case_changes, launch_record
 
 LAUNCH_KEYS = ("case", "transform", "params", "note", "changes")
@@ -320,7 +320,7 @@ def case_literal(case: Case, indent: str = "") -> str:
     i1, i2 = indent + "    ", indent + "        "
     head = [f"arm={_lit(case.arm)}", f"T={case.T}", f"H={case.H}", f"HV={case.HV}", f"pool={case.pool}",
             f"seed={case.seed}"]
-    lines = [f"Case(", i1 + ", ".join(head) + ","]
+    lines = ["Case(", i1 + ", ".join(head) + ","]
     fm = f"flush_min={case.flush_min!r},"
     lines.append(i1 + fm + (f"  # {case.fmin} in force (17 - T)" if case.flush_min is None else ""))
     lines.append(i1 + f"restart_hist_on_flush={case.restart_hist_on_flush!r},")

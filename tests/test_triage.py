@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from gdn_fuzz import cli, corpus
 from gdn_fuzz.campaign import Campaign
