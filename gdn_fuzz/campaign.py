@@ -117,11 +117,16 @@ class CampaignFinding:
     def key(self) -> str:
         return self.signature
 
-    def to_record(self) -> dict:
-        from .reproducer import finding_launch
+    def launch(self) -> dict | None:
+        """The launch that ran (checks.Finding.launch of this signature's finding; None for a
+        crash or a hang, whose launch is the plain materialize(case))."""
+        pick = [x for x in self.findings if x.launch and x.signature() == self.signature]
+        pick = pick or [x for x in self.findings if x.launch]
+        return pick[0].launch if pick else None
 
+    def to_record(self) -> dict:
         return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
-                    launch=finding_launch(self).to_dict(),
+                    launch=self.launch(),
                     findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
                     examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
                     flaky=self.flaky,

@@ -169,6 +169,41 @@ def launch_record(case: Case, transform: str = "", params: dict | None = None, n
     return rec
 
 
+# The transformations a stored launch may name (gdn_fuzz.reproducer.TRANSFORMS builds each; it
+# checks at import that the two lists agree).  Kept here, as data, so that reading a corpus entry
+# needs no import of the properties.
+LAUNCH_KEYS = ("case", "transform", "params", "note", "changes")
+METAMORPHIC_TRANSFORMS = ("batch_perm", "slot_move", "pool_relabel", "isolation", "rotation", "strided_qkv",
+                          "strided_ab", "strided_pool")
+TRANSFORM_NAMES = ("override", "output", "extremes.gate", "guard") + tuple(
+    f"metamorphic.{n}" for n in METAMORPHIC_TRANSFORMS)
+
+
+def parse_launch(d) -> tuple:
+    """(case, transform, params, note, changes) of a stored launch; ValueError naming the field on
+    anything malformed (the case is validated by Case.from_dict before anything is allocated)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"launch must be an object, got {type(d).__name__}")
+    unknown = sorted(str(k) for k in d if k not in LAUNCH_KEYS)
+    if unknown:
+        raise ValueError(f"launch has unknown field(s) {', '.join(unknown)}; known: {', '.join(LAUNCH_KEYS)}")
+    if "case" not in d:
+        raise ValueError("launch lacks its case")
+    case = Case.from_dict(d["case"])
+    transform = d.get("transform", "") or ""
+    if not isinstance(transform, str) or (transform and transform not in TRANSFORM_NAMES):
+        raise ValueError(f"launch.transform={transform!r} is unknown; use '' or one of {', '.join(TRANSFORM_NAMES)}")
+    params = d.get("params", {}) or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"launch.params must be an object, got {type(params).__name__}")
+    note = d.get("note", "") or ""
+    changes = d.get("changes", []) or []
+    if not isinstance(note, str) or not isinstance(changes, (list, tuple)) or not all(
+            isinstance(c, str) for c in changes):
+        raise ValueError("launch.note must be a string and launch.changes a list of strings")
+    return case, transform, params, note, tuple(changes)
+
+
 def launch_summary(launch: dict | None) -> str:
     """One line: how the launch differs from a plain launch of the Case the property was given
     ("" when it does not): the Case fields the property set, then the transformation."""

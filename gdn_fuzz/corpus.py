@@ -195,13 +195,14 @@ def read(path: Path) -> Entry:
 
 
 def _read_launch(d) -> dict | None:
-    """An entry's optional "launch", validated (gdn_fuzz.reproducer.Launch.from_dict) and kept as
-    its JSON; ValueError on anything malformed."""
+    """An entry's optional "launch", validated (checks.parse_launch) and kept as its JSON;
+    ValueError on anything malformed."""
     if d is None:
         return None
-    from .reproducer import Launch
+    from .checks import parse_launch
 
-    return Launch.from_dict(d).to_dict()
+    case, transform, params, note, changes = parse_launch(d)
+    return dict(case=case.to_dict(), transform=transform, params=dict(params), note=note, changes=list(changes))
 
 
 STALE_TEMP_S = 3600.0  # a hidden temporary entry older than this was left by a killed writer

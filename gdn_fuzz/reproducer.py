@@ -32,9 +32,8 @@ import json
 from dataclasses import dataclass, field
 
 from .case import W_RING, Case, Regime, materialize, row_edges
-from .checks import Finding, case_changes, launch_record
+from .checks import TRANSFORM_NAMES, Finding, case_changes, launch_record, parse_launch
 
-LAUNCH_KEYS = ("case", "transform", "params", "note", "changes")
 OVERRIDABLE = ("flush_min", "restart_hist_on_flush")  # scalar keywords the "override" transformation may set
 
 
@@ -89,6 +88,8 @@ def _transforms() -> dict:
 
 # name -> build(case, materialize(case), params, device) -> the launch's keyword arguments
 TRANSFORMS = _transforms()
+if set(TRANSFORMS) != set(TRANSFORM_NAMES):  # the names a stored launch may use (checks) must be these
+    raise RuntimeError(f"checks.TRANSFORM_NAMES {sorted(TRANSFORM_NAMES)} != reproducer.TRANSFORMS {sorted(TRANSFORMS)}")
 
 
 # ------------------------------------------------------------------ Launch
@@ -110,28 +111,9 @@ class Launch:
 
     @classmethod
     def from_dict(cls, d) -> "Launch":
-        """The Launch stored as `d`; ValueError naming the field on anything malformed (the case is
-        validated by Case.from_dict before anything is allocated)."""
-        if not isinstance(d, dict):
-            raise ValueError(f"launch must be an object, got {type(d).__name__}")
-        unknown = sorted(str(k) for k in d if k not in LAUNCH_KEYS)
-        if unknown:
-            raise ValueError(f"launch has unknown field(s) {', '.join(unknown)}; known: {', '.join(LAUNCH_KEYS)}")
-        if "case" not in d:
-            raise ValueError("launch lacks its case")
-        case = Case.from_dict(d["case"])
-        transform = d.get("transform", "") or ""
-        if not isinstance(transform, str) or (transform and transform not in TRANSFORMS):
-            raise ValueError(f"launch.transform={transform!r} is unknown; use '' or one of {', '.join(TRANSFORMS)}")
-        params = d.get("params", {}) or {}
-        if not isinstance(params, dict):
-            raise ValueError(f"launch.params must be an object, got {type(params).__name__}")
-        note = d.get("note", "") or ""
-        changes = d.get("changes", []) or []
-        if not isinstance(note, str) or not isinstance(changes, (list, tuple)) or not all(
-                isinstance(c, str) for c in changes):
-            raise ValueError("launch.note must be a string and launch.changes a list of strings")
-        return cls(case=case, transform=transform, params=params, note=note, changes=tuple(changes))
+        """The Launch stored as `d`; ValueError naming the field on anything malformed (checks.parse_launch)."""
+        case, transform, params, note, changes = parse_launch(d)
+        return cls(case=case, transform=transform, params=params, note=note, changes=changes)
 
     @property
     def plain(self) -> bool:
