@@ -16,7 +16,7 @@ compiles are paid there and reported apart):
 overhead = checked / bare.  Prints a table and writes JSON (rewritten after every row, so
 a run cut short keeps what it measured).
 
-Campaign throughput (--campaign SECONDS).  A gdn_fuzz.campaign.Campaign of the `launch`
+Campaign throughput (--campaign SECONDS).  A gdn_fuzz.engine.campaign.Campaign of the `launch`
 property (Hypothesis-drawn Cases from strategies/_cases.py, every arm, T in {4, 8}, the
 target's default fuzz geometries and buckets, no crash isolation, no corpus) first runs
 warm_up() -- one launch per (arm, T, geometry, bucket), every JIT compile paid there --
@@ -185,7 +185,7 @@ def run_table(args, target):
 
 
 def run_campaign(args, target):
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import BUCKETS, geometries_for
 

@@ -10,8 +10,9 @@ nothing heavy and changes no global state):
   expectation              the float64 oracle's view of that launch (gdn_fuzz.oracles.ring)
   check_launch, check_oracle, check_writes, Finding
                            the launch property and its two halves; a Finding's signature()
-  get_property, REGISTRY   the campaign properties by name
-  Campaign                 a budgeted fuzz campaign (what `gdn-fuzz run` drives)
+  get_property, REGISTRY, Property, register
+                           the campaign properties by name (gdn_fuzz.properties), and how to add one
+  Campaign                 a budgeted fuzz campaign (gdn_fuzz.engine.campaign; what `gdn-fuzz run` drives)
   cases                    the Hypothesis strategy of legal launches (gdn_fuzz.strategies)
 
 See tests/test_public_api.py for a ten-line property written with these names only.
@@ -29,7 +30,7 @@ _EXPORTS = {
     "observe": "checks", "Observation": "checks", "expectation": "checks", "check_launch": "checks",
     "check_oracle": "checks", "check_writes": "checks", "Finding": "checks",
     "get_property": "properties", "REGISTRY": "properties",
-    "Campaign": "campaign",
+    "Campaign": "engine.campaign", "Property": "properties", "register": "properties",
     "cases": "strategies",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]

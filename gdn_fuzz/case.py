@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .arms import ARM_NAMES, Arm, get_arm
-from .oracles import gdn as gdn_oracle
+from gdn_fuzz.arms import ARM_NAMES, Arm, get_arm
+from gdn_fuzz.oracles import gdn as gdn_oracle
 
 CASE_VERSION = 1
 RING_SLOTS = 32

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .case import Case, materialize
-from .oracles import ring as ring_oracle
-from .targets import Target
-from .tolerances import table_for
+from gdn_fuzz.case import Case, materialize
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.targets import Target
+from gdn_fuzz.compare import table_for
 
 BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
 READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
@@ -73,7 +73,7 @@ class Finding:
              property may derive it from the Case it was given: commit's cursors), and the named
              transformation with its parameters where the launch is not a plain
              materialize(case) (extremes' gate, routing's second flush_min, a metamorphic
-             relation).  JSON data; gdn_fuzz.reproducer.Launch reads it.
+             relation).  JSON data; gdn_fuzz.engine.reproducer.Launch reads it.
 
     signature() = check id, clause, outcome and family: two different bugs never share one,
     the same bug found again (another seed, row, arm) does.  It keys deduplication, corpus
@@ -157,7 +157,7 @@ def launch_record(case: Case, transform: str = "", params: dict | None = None, n
     case       the Case as it ran: materialize(case) gives its tensors and cursors (rows' cursors
                are used verbatim, pad rows' included)
     transform  "" when the launch is exactly materialize(case); else the name of the
-               transformation applied to those inputs (gdn_fuzz.reproducer.TRANSFORMS) ...
+               transformation applied to those inputs (gdn_fuzz.engine.reproducer.TRANSFORMS) ...
     params     ... with its parameters (JSON values)
     note       the launch in words ("a = 120 on v-head 0, every row and token")
     given      the Case the property was given, when the launch's Case differs from it: the
@@ -169,7 +169,7 @@ def launch_record(case: Case, transform: str = "", params: dict | None = None, n
     return rec
 
 
-# The transformations a stored launch may name (gdn_fuzz.reproducer.TRANSFORMS builds each; it
+# The transformations a stored launch may name (gdn_fuzz.engine.reproducer.TRANSFORMS builds each; it
 # checks at import that the two lists agree).  Kept here, as data, so that reading a corpus entry
 # needs no import of the properties.
 LAUNCH_KEYS = ("case", "transform", "params", "note", "changes")

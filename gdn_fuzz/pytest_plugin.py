@@ -123,7 +123,7 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(int(os.environ.get("GDN_FUZZ_TORCH_THREADS", "1")))
-    # the corpus options reach gdn_fuzz.corpus through the environment for this session only:
+    # the corpus options reach gdn_fuzz.engine.corpus through the environment for this session only:
     # restored at unconfigure, so an in-process child session (pytester) cannot leak its corpus
     config._gdn_saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
     if config.getoption("--gdn-corpus"):
@@ -133,7 +133,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU that runs the production kernel")
     arms = config.getoption("--gdn-arms")
     if arms:
-        from .arms import get_arm
+        from gdn_fuzz.arms import get_arm
 
         for a in arms.split(","):
             try:
@@ -152,8 +152,8 @@ def pytest_unconfigure(config):
 
 
 def _selection(config):
-    from .arms import ARM_NAMES, get_arm
-    from .targets import default_target_name
+    from gdn_fuzz.arms import ARM_NAMES, get_arm
+    from gdn_fuzz.targets import default_target_name
 
     target = config.getoption("--gdn-target") or default_target_name()
     arms = config.getoption("--gdn-arms")
@@ -172,7 +172,7 @@ def pytest_report_header(config):
     target, arms, device = _selection(config)
     prof = settings._current_profile
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    from . import corpus
+    from gdn_fuzz.engine import corpus
 
     seed = config.getoption("--hypothesis-seed", None)
     if seed is None and prof == "ci":
@@ -189,7 +189,7 @@ _KNOWN_CACHE: dict = {}
 
 def known_for(target_name: str) -> dict:
     """{signature: corpus entry name} of the open corpus entries of this target (read once per run)."""
-    from . import corpus
+    from gdn_fuzz.engine import corpus
 
     key = (str(corpus.default_dir()), target_name)
     if key not in _KNOWN_CACHE:
@@ -221,7 +221,7 @@ def gdn_verdict(request):
     failing example (Hypothesis replays the minimal one last) is written to the corpus, unless
     read-only, when the test ends.
     """
-    from .campaign import failure_class
+    from gdn_fuzz.engine.campaign import failure_class
 
     last: dict = {}
     request.node._gdn_known = {}
@@ -245,7 +245,7 @@ def gdn_verdict(request):
     yield verdict
     rep = getattr(request.node, "rep_call", None)
     if last and rep is not None and rep.failed:
-        from . import corpus
+        from gdn_fuzz.engine import corpus
 
         entry = corpus.make_entry(last["prop"], last["case"], last["findings"], last["target"],
                                   signature=last["signature"])

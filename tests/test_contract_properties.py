@@ -1,7 +1,7 @@
 """Host guards, the standalone commit and extreme gates, against the selected target
 (reference on the CPU, production on a GPU with --gdn-target production).
 
-These three properties (gdn_fuzz.mutation: guards H4/H6/H9-H11/H13/H14, commit C2, extremes N2
+These three properties (gdn_fuzz.properties.contract: guards H4/H6/H9-H11/H13/H14, commit C2, extremes N2
 as containment) were written to kill catalogued mutants; here Hypothesis draws the Cases and
 each must hold on the target itself.  A failure is recorded to the corpus like any other; a
 known bug of the target (an open corpus entry) makes the test an xfail naming the entry.

@@ -12,7 +12,7 @@ import multiprocessing as mp
 
 import pytest
 
-from gdn_fuzz import corpus
+from gdn_fuzz.engine import corpus
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.checks import Finding
 
@@ -88,7 +88,7 @@ def test_readonly_corpus_refuses_with_the_entry(tmp_path, monkeypatch):
 
 def test_campaign_writes_one_shrunk_entry_then_deduplicates(tmp_path):
     """A planted bug found by a campaign lands in the corpus once; a second campaign adds nothing."""
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target

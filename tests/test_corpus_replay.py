@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from gdn_fuzz import corpus
+from gdn_fuzz.engine import corpus
 from gdn_fuzz.targets import TargetUnavailable, get_target
 
 ENTRIES = corpus.entries()

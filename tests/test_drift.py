@@ -2,7 +2,7 @@
 
 How this file tests, in plain words
 -----------------------------------
-gdn_fuzz.drift drives one target through a long teacher-forced multi-step decode (every arm
+gdn_fuzz.studies.drift drives one target through a long teacher-forced multi-step decode (every arm
 gets the same inputs and accept counts; one float64 truth) and measures, per step, the
 relative error of the committed logical state rebuilt from the target's own checkpoint +
 window (M3, C3, C4) and of the accepted outputs.  Here, on the reference target at a CPU
@@ -18,7 +18,7 @@ acceptance, normal decay):
     Y_BOUND below (measured now, provenance beside them) and its log-log growth slope says
     "bounded";
   * planted bugs break the bound: reference mutants that corrupt the fold or the stored g
-    (gdn_fuzz.mutants) exceed it by orders of magnitude.
+    (gdn_fuzz.targets.mutants) exceed it by orders of magnitude.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 
 import pytest
 
-from gdn_fuzz.drift import add_parser, draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
+from gdn_fuzz.studies.drift import add_parser, draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
 
 
 ARMS = ("bf16", "bf16-state16")
@@ -39,9 +39,9 @@ CFG = dict(Ts=(4, 8), tokens=HORIZON, batch=2, accept="mtp", regime="normal", se
 # ------------------------------------------------------------------ the bound and its provenance
 # Worst relative error of the committed state (||rebuilt - truth||_F / ||truth||_F per request
 # and v-head, max over the run) and of the accepted outputs (||y - y_truth||_F / ||y magnitude||_F,
-# gdn_fuzz.drift's module doc), per arm, on the reference target, for the regime tested here.
+# gdn_fuzz.studies.drift's module doc), per arm, on the reference target, for the regime tested here.
 #
-# Measured 2026-11-29 on the CPU (torch 2.13.0+cpu, one thread) with gdn_fuzz.drift.run_drift:
+# Measured 2026-11-29 on the CPU (torch 2.13.0+cpu, one thread) with gdn_fuzz.studies.drift.run_drift:
 # reference target, 512 committed tokens per request, batch 2, H=2, HV=4, lazy flush_min,
 # caller commit (C3), normal decay (gdn_fuzz.case: g ~ -0.05 .. -1 per token), every run of
 # T {4, 8} x accept {mtp seed 0, mtp seed 1, all, one}: 8 runs per arm.  Worst of the 8:
@@ -55,7 +55,7 @@ CFG = dict(Ts=(4, 8), tokens=HORIZON, batch=2, accept="mtp", regime="normal", se
 # Scope: normal decay at 512 tokens on the reference target.  Not a bound for other regimes:
 # the same grid with weak decay reached bf16 7.6e-3 (slope +0.25, a transient: memory outlasts
 # 512 tokens) and with weak decay + beta near 0 bf16 2.95e-2 with slope +0.79 (accept one, T=8:
-# the bf16-checkpoint stagnation corner described at gdn_fuzz.machine.DRIFT_C, where a fold's
+# the bf16-checkpoint stagnation corner described at gdn_fuzz.serving.machine.DRIFT_C, where a fold's
 # decay e^{G_P} is within a bf16 ulp of 1); fp16 state stays at 1.6e-3 there.  Nor for the
 # production kernel (its extra IO roundings, N3) or the 32k-token horizon: the H200 study
 # measures those with `gdn-fuzz drift`.
@@ -166,7 +166,7 @@ def test_cli_subcommand(tmp_path):
 
 def test_merge_of_parallel_parts_equals_one_run(tmp_path):
     """A study split by T and by arm (parallel processes on a GPU host) merges into the joint run."""
-    from gdn_fuzz.drift import merge_results
+    from gdn_fuzz.studies.drift import merge_results
 
     cfg = dict(CFG, tokens=96)
     joint = run_drift("reference", ARMS, **cfg)

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from gdn_fuzz import corpus
+from gdn_fuzz.engine import corpus
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.isolation import Worker
+from gdn_fuzz.engine.isolation import Worker
 
 
 def test_worker_survives_a_hard_crash(tmp_path):
@@ -35,7 +35,7 @@ def test_worker_survives_a_hard_crash(tmp_path):
 
 def test_campaign_with_isolation_records_the_crash(tmp_path):
     """A campaign over the crashing mutant finds, shrinks and stores the crash, then stops on budget."""
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
@@ -65,7 +65,7 @@ _CTRL_C_CLI = """
 import os, signal, sys, time
 
 from gdn_fuzz import cli
-from gdn_fuzz.campaign import Campaign
+from gdn_fuzz.engine.campaign import Campaign
 
 WHEN = os.environ["GDN_FUZZ_TEST_CTRL_C"]
 SENT = []

@@ -3,7 +3,7 @@
 Hypothesis draws a Case (geometry, arm, rows with cursors at the routing edges, pad rows,
 a value regime and a seed); the tensors come from the seed; the target runs one launch;
 checks compare y, the appended k/u/g records and the folded checkpoint with the float64
-oracle within the arm's tolerance (gdn_fuzz.tolerances), and compare bits everywhere the
+oracle within the arm's tolerance (gdn_fuzz.compare), and compare bits everywhere the
 launch must not write.  The second half plants known bugs in copies of the reference
 target and requires the same property to find each one.
 """

@@ -2,7 +2,7 @@
 
 How this file tests, in plain words
 -----------------------------------
-gdn_fuzz.machine plays a serving engine around the target under test: it admits requests
+gdn_fuzz.serving.machine plays a serving engine around the target under test: it admits requests
 into pool slots (prefill -> decode handoff), runs decode steps (one launch for the whole
 batch plus pad rows, then the accept and the cursor commit, caller-side C3 or the
 wrapper's in-place C2), retires requests, recycles their slots, and preempts and readmits
@@ -31,17 +31,17 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gdn_fuzz.arms import ARM_NAMES
-from gdn_fuzz.machine import DRIFT_C, MachineFailure, machine_class, machine_settings
+from gdn_fuzz.serving.machine import DRIFT_C, MachineFailure, machine_class, machine_settings
 from gdn_fuzz.targets import get_target
 
-from gdn_fuzz.mutants import CATALOGUE
+from gdn_fuzz.targets.mutants import CATALOGUE
 
 from .planted import Plant, plant
 
 
 
 def test_serving_machine_tracks_truth(target_under_test):
-    """M1-M8, C1-C4, trajectory: the serving machine (gdn_fuzz.machine) over admit / step /
+    """M1-M8, C1-C4, trajectory: the serving machine (gdn_fuzz.serving.machine) over admit / step /
     retire / recycle / preempt sequences, stateful_step_count from the active profile."""
     target, arms, device = target_under_test
     run_state_machine_as_test(machine_class(target, arms, device), settings=machine_settings())

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from gdn_fuzz import corpus
+from gdn_fuzz.engine import corpus
 from gdn_fuzz.cli import main
-from gdn_fuzz.multigpu import child_argv, parse_gpus
+from gdn_fuzz.engine.multigpu import child_argv, parse_gpus
 
 
 def test_parse_gpus():
@@ -58,7 +58,7 @@ def test_two_workers_share_one_corpus(tmp_path):
 def test_every_run_option_reaches_the_workers():
     """A new `gdn-fuzz run` option must be carried by child_argv (or consumed by the parent)."""
     from gdn_fuzz.cli import build_parser
-    from gdn_fuzz.multigpu import HANDLED_RUN_OPTIONS
+    from gdn_fuzz.engine.multigpu import HANDLED_RUN_OPTIONS
 
     sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices["run"]
     dests = {a.dest for a in sub._actions if a.dest != "help"}

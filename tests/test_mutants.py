@@ -2,13 +2,13 @@
 
 How this file tests
 -------------------
-1. Non-equivalence (one test per reference-based mutant of gdn_fuzz.mutants.CATALOGUE): each
+1. Non-equivalence (one test per reference-based mutant of gdn_fuzz.targets.mutants.CATALOGUE): each
    mutant has a hand-picked Case and the property expected to kill it (HAND below, chosen
    by reading the mutant's edit, not by a search).  The property must report a finding whose
    prop starts with the mutant's `prop` field on the mutant, and nothing on the reference
    target for the same Case: so the mutant computes something the reference does not, on an
    input written down here.  The crashing mutant (`worker_crash`) runs in an isolated worker
-   (gdn_fuzz.isolation) and must die with SIGSEGV on its case and not on a neighbour.
+   (gdn_fuzz.engine.isolation) and must die with SIGSEGV on its case and not on a neighbour.
    A new reference mutant without an entry in HAND fails here, by name.
 2. Kill-rate regression: every reference mutant (the crashing one aside) is killed by a
    campaign of the property family its `prop` field names within 60 examples, no shrinking.
@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import pytest
 
-from gdn_fuzz import mutation  # noqa: F401  (registers the guards, commit and extremes properties)
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.mutants import CATALOGUE
+from gdn_fuzz.targets.mutants import CATALOGUE
 from gdn_fuzz.properties import get_property
-from gdn_fuzz.relations import metamorphic_check
+from gdn_fuzz.properties.relations import metamorphic_check
 from gdn_fuzz.targets import get_target
 
 CASES = {
@@ -96,7 +95,7 @@ def test_mutant_is_not_equivalent(name):
     """The mutant's expected property finds it on a hand-picked Case; the reference passes that Case."""
     m = CATALOGUE[name]
     if name in CRASHING:
-        from gdn_fuzz.isolation import Worker
+        from gdn_fuzz.engine.isolation import Worker
 
         boom, fine = CRASHING[name]
         w = Worker(f"mutant:{name}", "cpu", name=f"t_{name}")
@@ -129,7 +128,7 @@ def test_kill_rate_no_regression(name):
     family its `prop` names, within 60 examples (an example budget, not a time budget, so the check
     does not depend on machine load).  The whole suite against the whole catalogue, with shrinking
     and time-to-kill, is `gdn-fuzz mutants --budget 120` (docs: issue notes)."""
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.strategies import CPU_GEOMETRIES
 
     m = CATALOGUE[name]
@@ -178,7 +177,7 @@ def test_production_catalogue_has_a_handful():
 @pytest.mark.parametrize("name", PRODUCTION_MUTANTS)
 def test_production_mutant_applies_and_imports(name):
     """The edit matches the installed kernel file exactly once, and the mutated copy imports and fits."""
-    from gdn_fuzz.mutants import apply
+    from gdn_fuzz.targets.mutants import apply
 
     path = _production_file_or_skip()
     src = path.read_text()
@@ -209,7 +208,7 @@ def test_a_finding_the_base_shares_is_not_a_kill():
     """Mutation score counts only findings the unmodified base passes: a property that fails on the
     base too (a known bug of the released kernel, say) must not credit the suite with a kill."""
     from gdn_fuzz.checks import Finding
-    from gdn_fuzz.mutation import run_mutants
+    from gdn_fuzz.studies.mutation_score import run_mutants
     from gdn_fuzz.properties import Property
 
     always = Property(name="launch", clauses="-", doc="fails on every target", strategy=get_property("launch").strategy,

@@ -61,7 +61,7 @@ def test_fold(gdn_verdict):
 def test_known_bug_makes_a_property_test_an_xfail_naming_its_entry(pytester, tmp_path):
     """Only known signatures (open entries of the target) -> xfail naming the entry; with the entry
     gone the same test fails and its shrunk case is written as a new entry."""
-    from gdn_fuzz import corpus
+    from gdn_fuzz.engine import corpus
     from gdn_fuzz.checks import check_launch
     from gdn_fuzz.case import Case, Row
     from gdn_fuzz.targets import get_target

@@ -1,4 +1,4 @@
-"""Bitwise relations between launches (gdn_fuzz.relations) against the selected target.
+"""Bitwise relations between launches (gdn_fuzz.properties.relations) against the selected target.
 
 How this file tests, in plain words
 -----------------------------------
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, find, given, settings
 from hypothesis import strategies as st
 
-from gdn_fuzz import relations as R
+from gdn_fuzz.properties import relations as R
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.properties import REGISTRY
 from gdn_fuzz.strategies import case_events, cases, geometries_for
@@ -104,7 +104,7 @@ def test_output_inplace_pad_rows_untouched(target_under_test, gdn_verdict, data)
 @FIXTURE_OK
 @given(data=st.data())
 def test_metamorphic(target_under_test, gdn_verdict, name, data):
-    """R1, M3, M5, M7, H8, H16, table 1.1: the transformations of gdn_fuzz.relations.METAMORPHIC."""
+    """R1, M3, M5, M7, H8, H16, table 1.1: the transformations of gdn_fuzz.properties.relations.METAMORPHIC."""
     _run_check(target_under_test, gdn_verdict, data, R.metamorphic_check(name), "metamorphic")
 
 

@@ -3,7 +3,7 @@
 How this file tests
 -------------------
 1. One test per property (launch, routing, determinism, output_inplace, metamorphic, guards,
-   commit, extremes).  A planted bug (a catalogued mutant of gdn_fuzz.mutants with the hand-picked
+   commit, extremes).  A planted bug (a catalogued mutant of gdn_fuzz.targets.mutants with the hand-picked
    case of tests/test_mutants.py, or a bug planted here where the catalogue has none: a launch that
    is not deterministic, a softplus clamped at 20) gives a finding.  The target is wrapped so that
    every call it receives is recorded (keyword arguments, shapes, strides and bits, before the call
@@ -37,11 +37,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from gdn_fuzz import corpus
-from gdn_fuzz import reproducer as R
+from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine import reproducer as R
 from gdn_fuzz.case import Case, Regime, Row, materialize
 from gdn_fuzz.checks import Finding, check_oracle, check_writes, observe, same_bits
-from gdn_fuzz.mutants import Mutant, materialize_mutant
+from gdn_fuzz.targets.mutants import Mutant, materialize_mutant
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.strategies import cases
@@ -215,7 +215,7 @@ def test_commit_plain_launch_of_the_stored_case_shows_the_wrong_cursors(tmp_path
 # ------------------------------------------------------------------ gdn-fuzz replay --emit-test
 
 
-ALLOWED_IMPORTS = {"os", "gdn_fuzz.case", "gdn_fuzz.targets", "gdn_fuzz.properties", "gdn_fuzz.corpus"}
+ALLOWED_IMPORTS = {"os", "gdn_fuzz.case", "gdn_fuzz.targets", "gdn_fuzz.properties", "gdn_fuzz.engine.corpus"}
 
 
 def _pytest(files, env_extra, cwd):
@@ -319,7 +319,7 @@ def test_a_row_at_flush_min_names_the_neighbours_that_pass():
 
 
 def test_the_launch_survives_the_worker_process():
-    from gdn_fuzz.isolation import Worker
+    from gdn_fuzz.engine.isolation import Worker
 
     w = Worker("mutant:commit_pad_exempt", "cpu", name="t_reproducers")
     try:
@@ -333,7 +333,7 @@ def test_the_launch_survives_the_worker_process():
 def test_a_campaign_stores_the_launch_it_ran(tmp_path):
     """A campaign's commit finding is stored with the launch that failed, and that launch's Case,
     materialized and launched plainly, commits the cursors wrongly."""
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.strategies import CPU_GEOMETRIES
 
     tname = "mutant:commit_pad_exempt"

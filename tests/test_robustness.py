@@ -1,5 +1,5 @@
 """Robustness of the fuzzer itself: hangs, orphans, worker recycling, environment failures,
-in-flight files and case validation (gdn_fuzz.isolation, Case.validate).
+in-flight files and case validation (gdn_fuzz.engine.isolation, Case.validate).
 
 Planted targets are small .py files written into tmp_path: each imports the reference
 target's module (with the arm's dtype env in force, like any target import) and wraps its
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gdn_fuzz import isolation
+from gdn_fuzz.engine import isolation
 from gdn_fuzz import case as case_mod
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.isolation import Worker
+from gdn_fuzz.engine.isolation import Worker
 
 MARK = 7  # cache_base of a marked row
 OK = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0), Row(-1)), seed=1)
@@ -109,7 +109,7 @@ def test_derive_timeout_rule():
 _CAMPAIGN = '''\
 import json, sys
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.isolation import Worker
+from gdn_fuzz.engine.isolation import Worker
 
 if __name__ == "__main__":
     w = Worker(sys.argv[1], "cpu", inflight_dir=sys.argv[2], name="orphan")
@@ -445,7 +445,7 @@ def _cli(argv, cwd, **env):
 
 
 def _entry_dict(target: str, **case_over) -> dict:
-    from gdn_fuzz import corpus
+    from gdn_fuzz.engine import corpus
     from gdn_fuzz.checks import Finding
 
     case = dict(OK.to_dict(), **case_over)
@@ -459,7 +459,7 @@ def test_an_entry_naming_a_file_runs_no_code(tmp_path, monkeypatch):
     """A corpus entry whose target is a path is refused by replay (CLI, corpus.replay and the
     pytest corpus test) unless the person running allows paths; the file is never imported.
     On main `gdn-fuzz replay` imported and ran it, and reported the entry as an expected XFAIL."""
-    from gdn_fuzz import corpus
+    from gdn_fuzz.engine import corpus
 
     evil = tmp_path / "evil.py"
     marker = tmp_path / "ran"
@@ -487,7 +487,7 @@ def test_an_entry_with_illegal_fields_is_refused_before_allocation(tmp_path, ove
     """Every field is checked against its bounds when the entry is read: one line naming the file
     and the field, nothing allocated.  On main an entry with T = 3 or a 65 TB pool "reproduced"
     its open bug (any failure passed) after allocating what it could."""
-    from gdn_fuzz import corpus
+    from gdn_fuzz.engine import corpus
 
     f = tmp_path / "launch-bad.json"
     f.write_text(json.dumps(_entry_dict("reference", **over)))
@@ -500,7 +500,7 @@ def test_an_entry_with_illegal_fields_is_refused_before_allocation(tmp_path, ove
 def test_stale_temporary_entries_are_not_read_and_are_cleaned(tmp_path):
     """A writer killed mid-write leaves a hidden .tmp-*.partial file: readers never see it and a
     campaign start removes it once it is stale.  On main `.tmp-*.json` files were read as entries."""
-    from gdn_fuzz import corpus
+    from gdn_fuzz.engine import corpus
 
     old, new = tmp_path / ".tmp-abc.partial", tmp_path / ".tmp-def.partial"
     old.write_text("")
@@ -515,7 +515,7 @@ def test_stale_temporary_entries_are_not_read_and_are_cleaned(tmp_path):
 
 def test_example_budget_is_exact_with_shrinking():
     """--examples N checks N examples, shrinking included.  On main 200 examples ran 212."""
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
@@ -570,8 +570,8 @@ def test_an_interrupt_during_shrinking_keeps_the_finding(tmp_path):
     """Ctrl-C right after the first failing example (before any shrinking): the campaign stops,
     says it was interrupted, and stores the failing case unshrunk.  On main the summary said 0
     findings, nothing was stored and the exit code was 0."""
-    from gdn_fuzz import corpus
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine import corpus
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
@@ -592,8 +592,8 @@ def test_a_failure_that_a_fresh_worker_does_not_repeat_is_not_filed(tmp_path):
     """A worker that goes bad after a few launches (a poisoned context, a leak) makes every later
     launch fail; a fresh worker passes the same case.  That is not filed as a kernel bug: it is
     listed as unconfirmed, not shrunk, not stored.  On main it became an open corpus entry."""
-    from gdn_fuzz import corpus
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine import corpus
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
@@ -611,8 +611,8 @@ def test_a_failure_that_a_fresh_worker_does_not_repeat_is_not_filed(tmp_path):
 def test_same_seed_same_findings_and_entries(tmp_path):
     """Determinism (kept): two campaigns with the same seed find the same signatures and write the
     same entries, byte for byte apart from the date they were written."""
-    from gdn_fuzz import corpus
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine import corpus
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target

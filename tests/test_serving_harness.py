@@ -2,7 +2,7 @@
 
 How this file tests, in plain words
 -----------------------------------
-gdn_fuzz.serving_harness builds what vLLM / SGLang put around the kernel
+gdn_fuzz.serving.harness builds what vLLM / SGLang put around the kernel
 (shared/docs/replayssm-serving.md): packed token-major activations with query_start_loc
 (ragged rows padded to T with a = -inf and zero q/k/v/b, only real outputs gathered back),
 a batch padded to a fixed bucket with the engine's NULL block 0 (translated to slot -1,
@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from gdn_fuzz.case import Regime
-from gdn_fuzz.serving_harness import (
+from gdn_fuzz.serving.harness import (
     ALL_CHECKS,
     HEADS,
     PLANTED,
@@ -245,7 +245,7 @@ PLANTED_CASES = {
 
 @pytest.mark.parametrize("name", sorted(PLANTED_CASES))
 def test_planted_adapter_bug_is_found(name):
-    """Each planted adapter bug (gdn_fuzz.serving_harness.PLANTED) is found by the
+    """Each planted adapter bug (gdn_fuzz.serving.harness.PLANTED) is found by the
     property aimed at it, with that property's check alone, on the reference target."""
     _find_planted(name, PLANTED_CASES[name]())
 
@@ -298,7 +298,7 @@ def test_cuda_graph_replay_equals_eager(target_under_test, T):
         pytest.skip("the reference target syncs with the host inside a launch (bool(flush.any())), so it "
                     "cannot be captured; run with --gdn-target production")
     from gdn_fuzz.case import draw_tokens
-    from gdn_fuzz.serving_harness import Packed, Sched
+    from gdn_fuzz.serving.harness import Packed, Sched
 
     for arm in arms:
         # flush_min 5 (< 17 - T): rows fold every few steps, so replays cross folds and commits
@@ -336,6 +336,6 @@ def test_cuda_graph_replay_equals_eager(target_under_test, T):
 def test_graphed_adapter_refuses_cpu():
     """The graph path is guarded: on a CPU device it raises GraphUnavailable at construction
     (it never half-runs); this is all of the graph code that a CPU can exercise."""
-    from gdn_fuzz.serving_harness import GraphUnavailable
+    from gdn_fuzz.serving.harness import GraphUnavailable
     with pytest.raises(GraphUnavailable, match="CUDA"):
         GraphedServingAdapter(get_target("reference"), ServingGeometry(), "cpu", 0)

@@ -109,7 +109,7 @@ def test_run_warm_up_is_outside_the_budget(tmp_path):
     none of them as examples, and `gdn-fuzz run --warm-up` records its time and compiles apart."""
     import json
 
-    from gdn_fuzz.campaign import Campaign
+    from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.cli import main
     from gdn_fuzz.properties import get_property
 

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from gdn_fuzz import cli, corpus
-from gdn_fuzz.campaign import Campaign
+from gdn_fuzz import cli
+
+from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.case import Case, Regime, Row
 from gdn_fuzz.checks import Finding, raised
-from gdn_fuzz.mutants import CATALOGUE, Mutant, materialize_mutant
+from gdn_fuzz.targets.mutants import CATALOGUE, Mutant, materialize_mutant
 from gdn_fuzz.properties import REGISTRY, get_property
 from gdn_fuzz.strategies import CPU_GEOMETRIES
 from gdn_fuzz.targets import get_target
@@ -250,7 +252,7 @@ def test_the_precision_false_alarm_cannot_come_back(tmp_path):
     R and beta to IO as N3 says, although that one's u records carry the bf16 pattern that the old
     rule called a violation (it needed >= 3/4 of them)."""
     from gdn_fuzz.checks import observe
-    from gdn_fuzz.precision import rounding_pattern
+    from gdn_fuzz.studies.precision import rounding_pattern
 
     assert "precision" not in REGISTRY
     n3 = get_target(str(materialize_mutant(N3_ROUNDING, tmp_path)))
@@ -264,7 +266,7 @@ def test_the_precision_false_alarm_cannot_come_back(tmp_path):
 def test_rounding_study_still_sees_the_unscored_mutants():
     """u_stored_io (U through bf16 before the fp16 ring) is within tolerance: only the study shows it."""
     from gdn_fuzz.checks import observe
-    from gdn_fuzz.precision import rounding_pattern
+    from gdn_fuzz.studies.precision import rounding_pattern
 
     case = Case(arm="bf16-state16-ring16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4)
     z_m, n_m = rounding_pattern(observe(get_target("mutant:u_stored_io"), case))["u"]

@@ -24,7 +24,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gdn_fuzz import triton_diff as td
+from gdn_fuzz.studies import triton_diff as td
 from gdn_fuzz.targets import TargetUnavailable, get_target
 from gdn_fuzz.targets import triton_baseline as tb
 

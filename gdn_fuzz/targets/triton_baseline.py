@@ -91,8 +91,8 @@ from pathlib import Path
 
 import torch
 
-from ..oracles import gdn as gdn_oracle
-from . import TargetUnavailable, import_file
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.targets.loading import TargetUnavailable, import_file
 
 SGLANG_DIR_ENV = "GDN_FUZZ_SGLANG_DIR"
 DEFAULT_DIRS = ("/tmp/gdn/site/sglang_replayssm", "/tmp/sgl/site/sglang_replayssm")

@@ -1,6 +1,6 @@
-"""Planted bugs for the test suites: the catalogue lives in gdn_fuzz.mutants.
+"""Planted bugs for the test suites: the catalogue lives in gdn_fuzz.targets.mutants.
 
-Plant is gdn_fuzz.mutants.Mutant; PLANTS are the catalogued mutants of the reference
+Plant is gdn_fuzz.targets.mutants.Mutant; PLANTS are the catalogued mutants of the reference
 target; plant(name_or_plant, tmpdir) writes the edited copy and returns its path (every
 edit must apply exactly once, so a stale edit fails loudly).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdn_fuzz.mutants import CATALOGUE
-from gdn_fuzz.mutants import Mutant as Plant
-from gdn_fuzz.mutants import materialize_mutant
+from gdn_fuzz.targets.mutants import CATALOGUE
+from gdn_fuzz.targets.mutants import Mutant as Plant
+from gdn_fuzz.targets.mutants import materialize_mutant
 
 # the launch property's own planted bugs (tests/test_launch.py); tests/test_mutants.py covers the
 # whole catalogue, each mutant against the property family meant to kill it

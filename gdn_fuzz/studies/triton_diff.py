@@ -29,10 +29,10 @@ Properties of the baseline (``run_properties``; clause ids of shared/docs/kernel
 Budgets (where they come from): u = the coarsest unit roundoff among the IO dtype (the d/k
 rings and outputs are stored in it) and the checkpoint dtype (gdn_fuzz.arms.unit_roundoff).
   state    ||S - S_truth||_F <= DRIFT_C u sqrt(1 + age) ||S_truth||_F per (request, head):
-           gdn_fuzz.machine's drift budget (DRIFT_C = 11, measured provenance there), age =
+           gdn_fuzz.serving.machine's drift budget (DRIFT_C = 11, measured provenance there), age =
            launches since admission.
   y        ||y - y_truth||_F <= (C_Y + DRIFT_C sqrt(1 + age)) u ||y_mag||_F over the accepted
-           tokens: the launch's own roundings (gdn_fuzz.tolerances.C_Y) plus the state drift it
+           tokens: the launch's own roundings (gdn_fuzz.compare.C_Y) plus the state drift it
            starts from (|dS q| <= |dS| |q|, and y_mag >= |S| |q| term by term).
   fold     ||F - F64||_F <= (C_FOLD u(ckpt) + wp (8 + log2 K) 2^-24) ||F_mag||_F: one
            rounding to the checkpoint dtype (tolerances.C_FOLD), plus per replayed token the
@@ -40,7 +40,7 @@ rings and outputs are stored in it) and the checkpoint dtype (gdn_fuzz.arms.unit
            subtract, scale, rank-1 update: 8 + log2 K), F_mag the same recurrence on |terms|.
 Differential (``run_differential``): max over requests and heads of ||S_a - S_b|| /
 ||S_truth|| per step and of ||y_a - y_b|| / ||y_mag|| over the accepted tokens; allowed =
-the sum of both backends' budgets above (fused arms: u = gdn_fuzz.machine.drift_unit).
+the sum of both backends' budgets above (fused arms: u = gdn_fuzz.serving.machine.drift_unit).
 """
 
 from __future__ import annotations
@@ -55,21 +55,21 @@ from dataclasses import dataclass
 
 import torch
 
-from .arms import get_arm, unit_roundoff
-from .case import Regime, _decay_params, draw_tokens
-from .oracles import commit as commits
-from .oracles import gdn as gdn_oracle
-from .oracles import ring as ring_oracle
-from .oracles.serving import StepInputs, sequential_decode
-from .targets.triton_baseline import (TRITON_CONFIGS, TorchBaselineModel, TritonBaselineServing, flush_min_of,
+from gdn_fuzz.arms import get_arm, unit_roundoff
+from gdn_fuzz.case import Regime, _decay_params, draw_tokens
+from gdn_fuzz.oracles import commit as commits
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.targets.triton_baseline import (TRITON_CONFIGS, TorchBaselineModel, TritonBaselineServing, flush_min_of,
                                       triton_io_ckpt)
-from .tolerances import C_FOLD, C_Y
+from gdn_fuzz.compare import C_FOLD, C_Y
 
 F32 = 2.0**-24
 
 
 def _drift_c() -> float:
-    from .machine import DRIFT_C as dc
+    from gdn_fuzz.serving.machine import DRIFT_C as dc
 
     return dc
 
@@ -96,8 +96,8 @@ class Stream:
 
 def make_stream(seed: int, T: int, R: int, steps: int, H: int = 1, HV: int = 2, K: int = 128, V: int = 128,
                 decay: str = "normal", accept: str = "random") -> Stream:
-    """accept: random (uniform 1..T) | all | one | mtp (gdn_fuzz.drift's truncated-geometric drafter)."""
-    from .drift import draw_accepts, parse_accept
+    """accept: random (uniform 1..T) | all | one | mtp (gdn_fuzz.studies.drift's truncated-geometric drafter)."""
+    from gdn_fuzz.studies.drift import draw_accepts, parse_accept
 
     reg = Regime(decay=decay)
     gen = torch.Generator().manual_seed(seed * 7919 + T)
@@ -443,7 +443,7 @@ def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T
                      H: int = 2, HV: int = 4, seed: int = 0, device: str = "cpu", accept: str = "mtp",
                      decay: str = "normal") -> dict:
     """Same request stream through every fused arm and every Triton config; per-step max divergence per pair."""
-    from .machine import drift_unit
+    from gdn_fuzz.serving.machine import drift_unit
 
     t0 = time.time()
     st = make_stream(seed, T, R, steps, H, HV, 128, 128, decay, accept)
@@ -500,7 +500,7 @@ def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T
 def _kernels(which: str):
     if which == "model":
         return TorchBaselineModel
-    from .targets.triton_baseline import load_kernels
+    from gdn_fuzz.targets.triton_baseline import load_kernels
 
     return load_kernels(interpret=(which == "interpret"))
 
@@ -533,8 +533,8 @@ def _run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .arms import ARM_NAMES
-    from .targets import TargetUnavailable, get_target
+    from gdn_fuzz.arms import ARM_NAMES
+    from gdn_fuzz.targets import TargetUnavailable, get_target
 
     con = Console(highlight=False, width=160)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -596,7 +596,7 @@ def _run(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdn_fuzz.triton_diff", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gdn_fuzz.studies.triton_diff", description=__doc__.splitlines()[0])
     _add_args(ap)
     return _run(ap.parse_args(argv))
 

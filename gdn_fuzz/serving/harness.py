@@ -2,7 +2,7 @@
 
 How this tests, in plain words
 ------------------------------
-gdn_fuzz.machine drives the kernel directly: one launch per step, cursors per batch row.
+gdn_fuzz.serving.machine drives the kernel directly: one launch per step, cursors per batch row.
 A serving engine does not call the kernel like that.  Between the engine's scheduler and
 the kernel sits an *adapter* (shared/docs/replayssm-serving.md) that
 
@@ -52,7 +52,7 @@ shared/docs/kernel-contract.md):
               the anchor G): a pad lane's record must be an identity update (g = 0, u = 0).
   ragged      [M4, M8] each real token's output (gathered back through query_start_loc)
               equals the float64 truth for that request and layer on its real tokens, within
-              the drift budget of gdn_fuzz.machine (DRIFT_C x u(arm) x sqrt(1 + age) relative to
+              the drift budget of gdn_fuzz.serving.machine (DRIFT_C x u(arm) x sqrt(1 + age) relative to
               the magnitude of the terms that build y).
   trajectory  [M3, M6, M7, C3, C4] for every live request and every layer, the state rebuilt
               from the target's checkpoint + window (read through the adapter's cursors for
@@ -82,16 +82,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .arms import get_arm
-from .case import Regime, _decay_params, draw_tokens
-from .checks import Finding, same_bits
-from .machine import DRIFT_C, drift_unit
-from .oracles import commit as commits
-from .oracles import gdn as gdn_oracle
-from .oracles import ring as ring_oracle
-from .oracles.serving import StepInputs, sequential_decode
-from .targets import Target
-from .tolerances import table_for
+from gdn_fuzz.arms import get_arm
+from gdn_fuzz.case import Regime, _decay_params, draw_tokens
+from gdn_fuzz.checks import Finding, same_bits
+from gdn_fuzz.serving.machine import DRIFT_C, drift_unit
+from gdn_fuzz.oracles import commit as commits
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.targets import Target
+from gdn_fuzz.compare import table_for
 
 RING_SLOTS = ring_oracle.RING_SLOTS
 W_RING = ring_oracle.W_RING
@@ -919,7 +919,7 @@ def harness_machine(target: Target, arms, device: str = "cpu", *, adapter_cls: t
     )
 
     arms, layers, Ts = tuple(arms), tuple(layers), tuple(Ts)
-    from .case import BETAS, DECAYS
+    from gdn_fuzz.case import BETAS, DECAYS
 
     plan_st = st.lists(st.tuples(st.integers(0, 7), st.integers(1, 8), st.integers(1, 8)), min_size=0, max_size=4)
 

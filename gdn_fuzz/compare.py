@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .arms import ARMS, Arm, get_arm, unit_roundoff
+from gdn_fuzz.arms import ARMS, Arm, get_arm, unit_roundoff
 
 OUTPUTS = ("y", "u", "k", "g", "fold")
 

@@ -4,7 +4,7 @@ Each GPU gets its own `gdn-fuzz run` child with CUDA_VISIBLE_DEVICES set to that
 (so the child's `cuda` device is it, and its JIT cache and crash-isolation worker stay on
 it), its own seed (seed + worker index: the workers explore different examples), its own
 JSON record and log, and the SAME corpus folder: corpus writes are atomic and named by the
-failure's identity (gdn_fuzz.corpus), so two workers finding one bug leave one entry.
+failure's identity (gdn_fuzz.engine.corpus), so two workers finding one bug leave one entry.
 
 The parent waits for every child, then prints per-GPU and total throughput and writes a
 merged JSON record (`workers`: each child's record; totals).  Exit status: 1 if any worker
@@ -128,7 +128,7 @@ def run_on_gpus(args, corpus_dir: str | None, console) -> int:
               f"{wall:.1f}s (wall)", f"{tot['examples_per_s']:.1f}")
     console.print(t)
     if corpus_dir:
-        from . import corpus
+        from gdn_fuzz.engine import corpus
 
         n = len(corpus.entries(corpus_dir)) if os.path.isdir(corpus_dir) else 0
         console.print(f"corpus {corpus_dir}: {n} entries")

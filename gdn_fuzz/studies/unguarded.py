@@ -16,9 +16,9 @@ import dataclasses
 
 import torch
 
-from .case import Case, Regime, Row, materialize
-from .checks import expectation, observe, same_bits, snapshot
-from .targets import Target
+from gdn_fuzz.case import Case, Regime, Row, materialize
+from gdn_fuzz.checks import expectation, observe, same_bits, snapshot
+from gdn_fuzz.targets import Target
 
 
 def _base_case(arm: str, T: int, H: int, HV: int) -> Case:

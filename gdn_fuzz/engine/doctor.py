@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
-from .arms import ARM_NAMES
-from .targets import TargetMismatch, TargetUnavailable, get_target
+from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
 
 
 def _version(dist: str) -> str:

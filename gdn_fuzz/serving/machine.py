@@ -55,7 +55,7 @@ admitted checkpoint.  Invariants, checked after every launch:
 ServingHarness holds the state and the checks and can be driven without Hypothesis (the
 drift measurement does that); `machine_class(target, arms, device)` wraps it in a
 RuleBasedStateMachine for pytest and the nightly profile; `run_machine` runs it.
-Measure the drift again with `python -m gdn_fuzz.machine --measure`.
+Measure the drift again with `python -m gdn_fuzz.serving.machine --measure`.
 """
 
 from __future__ import annotations
@@ -70,15 +70,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from .arms import get_arm, unit_roundoff
-from .case import BETAS, DECAYS, KEYS, Case, Regime, Row, _decay_params, draw_tokens
-from .checks import Finding, check_oracle, check_writes, observe
-from .oracles import commit as commits
-from .oracles import gdn as gdn_oracle
-from .oracles import ring as ring_oracle
-from .oracles.serving import StepInputs, sequential_decode
-from .targets import Target
-from .tolerances import table_for
+from gdn_fuzz.arms import get_arm, unit_roundoff
+from gdn_fuzz.case import BETAS, DECAYS, KEYS, Case, Regime, Row, _decay_params, draw_tokens
+from gdn_fuzz.checks import Finding, check_oracle, check_writes, observe
+from gdn_fuzz.oracles import commit as commits
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.targets import Target
+from gdn_fuzz.compare import table_for
 
 RING_SLOTS = ring_oracle.RING_SLOTS
 W_RING = ring_oracle.W_RING
@@ -98,10 +98,10 @@ ALL_CHECKS = frozenset({"launch", "writes", "cursors", "trajectory"})
 #
 # u(arm) = the coarsest unit roundoff among the arm's IO/PACK, STATE and RING dtypes (every
 # token's k_hat and U and every fold pass through them); atol = the arm's fold floor from
-# gdn_fuzz.tolerances (K * 2^-24 for arms with an fp16 dtype: fp16 subnormals; 0 for bf16).
+# gdn_fuzz.compare (K * 2^-24 for arms with an fp16 dtype: fp16 subnormals; 0 for bf16).
 # Random-sign rounding errors add in quadrature, hence sqrt(1 + age).
 #
-# Measured 2026-11-29 on the reference target with `python -m gdn_fuzz.machine --measure
+# Measured 2026-11-29 on the reference target with `python -m gdn_fuzz.serving.machine --measure
 # --device cuda --steps 200 --seeds 2 --arms ARM` (one process per arm, an H200 through the
 # device tool, torch 2.11+cu130): geometry H=2, HV=4, pool 8, B=8 with all 8 slots busy,
 # random accepts in 1..T, a preemption every 50 launches; grid arm x T {4, 8} x decay
@@ -518,7 +518,7 @@ def machine_class(target: Target, arms, device: str = "cpu", *, checks=ALL_CHECK
     commits_, Ts, heads = tuple(commits_), tuple(Ts), tuple(heads)
 
     class ServingMachine(RuleBasedStateMachine):
-        """Multi-step serving of one geometry against the target (module docstring of gdn_fuzz.machine)."""
+        """Multi-step serving of one geometry against the target (module docstring of gdn_fuzz.serving.machine)."""
 
         def __init__(self):
             super().__init__()
@@ -694,7 +694,7 @@ def measure_drift(target: Target, geo: Geometry, device: str = "cpu", *, steps: 
 
 
 def _measure_main(argv=None) -> None:
-    """`python -m gdn_fuzz.machine --measure`: the drift grid behind DRIFT_C (see the module top).
+    """`python -m gdn_fuzz.serving.machine --measure`: the drift grid behind DRIFT_C (see the module top).
 
     Grid: arm x T x decay x beta x seed; keys cycle through KEYS, flush_min alternates between
     the lazy rule (17 - T) and 1 (a fold every launch: the most STATE roundings), the commit
@@ -704,8 +704,8 @@ def _measure_main(argv=None) -> None:
     import json
     import time
 
-    from .arms import ARM_NAMES
-    from .targets import get_target
+    from gdn_fuzz.arms import ARM_NAMES
+    from gdn_fuzz.targets import get_target
 
     ap = argparse.ArgumentParser(description="measure the trajectory drift of a target")
     ap.add_argument("--measure", action="store_true", required=True)

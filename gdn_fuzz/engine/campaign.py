@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
-from .case import Case, Row
-from .checks import Finding
-from .properties import Property
-from .targets import Target
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.checks import Finding
+from gdn_fuzz.properties import Property
+from gdn_fuzz.targets import Target
 
 
 class BudgetSpent(BaseException):
@@ -165,8 +165,8 @@ class Campaign:
     seed: int = 0
     round_examples: int = 25
     shrink: bool = True
-    isolate: bool = False  # run checks in a worker process (gdn_fuzz.isolation)
-    corpus_dir: object = None  # write every finding here (gdn_fuzz.corpus); None: do not write
+    isolate: bool = False  # run checks in a worker process (gdn_fuzz.engine.isolation)
+    corpus_dir: object = None  # write every finding here (gdn_fuzz.engine.corpus); None: do not write
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
     draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
@@ -189,7 +189,7 @@ class Campaign:
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
-            from .isolation import Worker
+            from gdn_fuzz.engine.isolation import Worker
 
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight)
@@ -205,7 +205,7 @@ class Campaign:
         The launches are legal Cases (all rows real, each on its own slot, no window) checked
         by the `launch` property; their findings are not recorded (the campaign finds them).
         """
-        from .properties import get_property
+        from gdn_fuzz.properties import get_property
 
         prop = get_property("launch")
         t0, c0 = time.monotonic(), self._compiles()
@@ -236,7 +236,7 @@ class Campaign:
     def _record(self, f: "CampaignFinding") -> None:
         if self.corpus_dir is None:
             return
-        from . import corpus
+        from gdn_fuzz.engine import corpus
 
         try:
             f.entry_path, f.entry_new = corpus.write(

@@ -82,7 +82,7 @@ kernel will add to these):
   realistic (assumed) regime, accept mtp, 8,192 tokens: flat, max 3.4e-3 (bf16), 4.0e-4 (fp16).
   weak decay + beta near 0, accept one, 4,096 tokens: bf16-STATE arms grow systematically
     (slope +0.88 / +0.90; 9.6e-2 at T = 4 and 1.9e-1 at T = 8 after 4,096 tokens: the fold
-    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.machine.DRIFT_C), fp16-STATE
+    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.serving.machine.DRIFT_C), fp16-STATE
     arms like a random walk (slope +0.49; 3.6e-3 / 4.3e-3).
 """
 
@@ -97,12 +97,12 @@ from pathlib import Path
 
 import torch
 
-from .arms import ARM_NAMES, get_arm, unit_roundoff
-from .case import Regime, _decay_params, draw_tokens
-from .oracles import commit as commits
-from .oracles import gdn as gdn_oracle
-from .oracles import ring as ring_oracle
-from .oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.arms import ARM_NAMES, get_arm, unit_roundoff
+from gdn_fuzz.case import Regime, _decay_params, draw_tokens
+from gdn_fuzz.oracles import commit as commits
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
 
 K_DIM = V_DIM = 128
 W_RING = ring_oracle.W_RING
@@ -247,7 +247,7 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
     tokens_reached), so a long study on a time-limited machine still returns its data.
     Returns a JSON-ready dict (see write_outputs).
     """
-    from .targets import get_target
+    from gdn_fuzz.targets import get_target
 
     if isinstance(target, str):
         target = get_target(target)
@@ -670,7 +670,7 @@ def add_parser(subparsers):
 
 
 def cmd_drift(args) -> int:
-    from .targets import TargetUnavailable, get_target
+    from gdn_fuzz.targets import TargetUnavailable, get_target
 
     if args.merge:
         parts = []

@@ -2,7 +2,7 @@
 
 How this file tests
 -------------------
-This is the comparison point of the mutation score (gdn_fuzz.mutation), written the way
+This is the comparison point of the mutation score (gdn_fuzz.studies.mutation_score), written the way
 FlashInfer's own ucache test checks the kernel (contract section 8): a handful of fixed
 cases, each one launch, compared with a sequential float32 reference under absolute
 tolerances.  Per dtype arm it runs 6 cases: hist_len P in {0, 12, 13} for every row, with
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .arms import ARM_NAMES, get_arm
-from .targets import Target
+from gdn_fuzz.arms import ARM_NAMES, get_arm
+from gdn_fuzz.targets import Target
 
 Y_ATOL = 8e-3  # FlashInfer's absolute tolerance on y (contract N4)
 STATE_ATOL = 2e-2  # ... and on the folded state

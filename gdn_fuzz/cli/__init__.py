@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .arms import ARM_NAMES, get_arm
-from .targets import TargetUnavailable, default_target_name, get_target
+from gdn_fuzz.arms import ARM_NAMES, get_arm
+from gdn_fuzz.targets import TargetUnavailable, default_target_name, get_target
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
@@ -94,7 +94,7 @@ def validate_run_args(args) -> None:
         except ValueError as e:
             raise UsageError(f"--arms {' '.join(args.arms)}: {e}") from None
     if args.property:
-        from .properties import REGISTRY
+        from gdn_fuzz.properties import REGISTRY
 
         for p in args.property:
             if p not in REGISTRY:
@@ -102,11 +102,11 @@ def validate_run_args(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from .campaign import Campaign
-    from .isolation import SetupError
-    from .reproducer import explain
-    from .properties import REGISTRY, get_property
-    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.engine.isolation import SetupError
+    from gdn_fuzz.engine.reproducer import explain
+    from gdn_fuzz.properties import REGISTRY, get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
     try:
         validate_run_args(args)
@@ -114,8 +114,8 @@ def cmd_run(args) -> int:
         console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
         return EXIT_USAGE
     if args.gpus:
-        from . import corpus
-        from .multigpu import run_on_gpus
+        from gdn_fuzz.engine import corpus
+        from gdn_fuzz.engine.multigpu import run_on_gpus
 
         try:
             return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
@@ -135,7 +135,7 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
     geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
-    from . import corpus
+    from gdn_fuzz.engine import corpus
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     if corpus_dir is not None:
@@ -247,8 +247,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_precision(args) -> int:
-    from .precision import search
-    from .strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+    from gdn_fuzz.studies.precision import search
+    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
     targets = [get_target(n) for n in args.targets]
     device = args.device or _default_device(targets[0])
@@ -278,7 +278,7 @@ def cmd_precision(args) -> int:
                 tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}", pattern)
     console.print(tab)
     if args.markdown:
-        from .precision import markdown
+        from gdn_fuzz.studies.precision import markdown
 
         with open(args.markdown, "w") as fh:
             fh.write(markdown(res))
@@ -292,12 +292,12 @@ def cmd_precision(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from . import corpus
+    from gdn_fuzz.engine import corpus
 
     paths = [p for a in (args.entries or [str(corpus.default_dir())]) for p in
              (corpus.entries(a) if os.path.isdir(a) else [a])]
     if args.emit_test:
-        from .reproducer import emit_test, entry_launch
+        from gdn_fuzz.engine.reproducer import emit_test, entry_launch
 
         if len(paths) != 1:
             console.print(f"[red]gdn-fuzz replay --emit-test:[/red] give exactly one corpus entry file (got "
@@ -343,7 +343,7 @@ def cmd_replay(args) -> int:
         found = corpus.replay(e, target, device, allow_paths=True)
         ok, what = corpus.verdict(e, found)
         if args.explain:
-            from .reproducer import entry_launch, explain
+            from gdn_fuzz.engine.reproducer import entry_launch, explain
 
             text = (explain(e.prop, e.case, found, e.signature, tgt, device, isolate=corpus.is_crash(e))
                     if any(f.launch for f in found) else entry_launch(e).describe())
@@ -358,7 +358,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build
+    from gdn_fuzz.engine.report import build
 
     path = build(args.records, args.campaign, args.out)
     console.print(f"report written: {path} (+ report.html and PNG plots beside it)")
@@ -366,7 +366,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_unguarded(args) -> int:
-    from .unguarded import run_all
+    from gdn_fuzz.studies.unguarded import run_all
 
     got = _target_device_arms(args)
     if got is None:
@@ -387,7 +387,7 @@ def cmd_unguarded(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import report
+    from gdn_fuzz.engine.doctor import report
 
     console.print(report(), markup=False)
     return 0
@@ -467,13 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     ug.set_defaults(func=cmd_unguarded)
     d = sub.add_parser("doctor", help="what this machine can run, and why not")
     d.set_defaults(func=cmd_doctor)
-    from .mutation import add_parser as add_mutants_parser  # also registers guards, commit, precision, extremes
+    from gdn_fuzz.studies.mutation_score import add_parser as add_mutants_parser
 
     add_mutants_parser(sub)
-    from .drift import add_parser as add_drift_parser
+    from gdn_fuzz.studies.drift import add_parser as add_drift_parser
 
     add_drift_parser(sub)
-    from .triton_diff import add_parser as add_triton_parser  # the SGLang Triton baseline (issue 9)
+    from gdn_fuzz.studies.triton_diff import add_parser as add_triton_parser  # the SGLang Triton baseline (issue 9)
 
     add_triton_parser(sub)
     return ap
@@ -483,6 +483,3 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -51,11 +51,12 @@ import random
 
 import torch
 
-from .case import RING_SLOTS, W_RING, Case, Row, materialize
-from .checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes, launch_record,
+from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, materialize
+from gdn_fuzz.checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes, launch_record,
                      observe, raised, same_bits)
-from .oracles import ring as ring_oracle
-from .targets import Target
+from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.properties.base import Property
+from gdn_fuzz.targets import Target
 
 POOL_KEYS = ("initial_state_source", "k_cache", "u_cache", "g_cache")  # indexed by pool slot
 BATCH_KEYS = ("q", "k", "v", "a", "b", "initial_state_indices", "hist_len", "cache_base")  # by batch row
@@ -418,7 +419,7 @@ def _extend_pool(t: torch.Tensor, n: int) -> torch.Tensor:
 # builder X_inputs(case, inputs, params) -> (case2, inputs2) that makes the transformed launch from
 # the case's materialized inputs, and the check X(target, case, device, inputs, a).  Findings carry
 # the transformation "metamorphic.X" with its params (Finding.launch), and
-# gdn_fuzz.reproducer rebuilds the transformed launch from them with the same builder.
+# gdn_fuzz.engine.reproducer rebuilds the transformed launch from them with the same builder.
 
 
 def batch_perm_params(case: Case) -> dict | None:
@@ -865,7 +866,7 @@ def _metamorphic_record(case: Case, name: str, params: dict | None) -> dict:
 
 def metamorphic_inputs(name: str, case: Case, inputs: dict, params: dict) -> dict:
     """The keyword arguments of relation `name`'s transformed launch (the transformation
-    "metamorphic.<name>" of gdn_fuzz.reproducer), from the case's materialized inputs."""
+    "metamorphic.<name>" of gdn_fuzz.engine.reproducer), from the case's materialized inputs."""
     return METAMORPHIC_LAUNCHES[name][1](case, inputs, params)[1]
 
 
@@ -900,23 +901,16 @@ def metamorphic_check(*names):
     return check
 
 
-# ------------------------------------------------------------------ registration
+# ------------------------------------------------------------------ the properties (gdn_fuzz.properties lists them)
 
-
-def _register() -> None:
-    from . import properties as P
-
-    for name, clauses, doc, check in (
-        ("routing", "M7,M8", "flush_min moved so rows switch route: y and k/u appends bit-identical; "
-         "only switched rows' g appends and pool rows differ", check_routing),
-        ("determinism", "R1-R3", "two launches of the same inputs are bit-identical; read and write sets "
-         "are disjoint", check_determinism),
-        ("output_inplace", "M8", "caller output: same object, pad rows untouched, live rows bitwise equal "
-         "to output=None (also transposed and fp32 outputs)", check_output_inplace),
-        ("metamorphic", "R1,M3,M5,M7,H8,H16,1.1", "batch permutation, slot move, pool relabel, isolation, "
-         "ring rotation, strided q/k/v, strided a/b and strided pool: bitwise the same results", check_metamorphic),
-    ):
-        P.register(P.Property(name=name, clauses=clauses, doc=doc, strategy=P._cases, check=check))
-
-
-_register()
+PROPERTIES = (
+    Property("routing", "M7,M8", "flush_min moved so rows switch route: y and k/u appends bit-identical; "
+             "only switched rows' g appends and pool rows differ", check_routing),
+    Property("determinism", "R1-R3", "two launches of the same inputs are bit-identical; read and write sets "
+             "are disjoint", check_determinism),
+    Property("output_inplace", "M8", "caller output: same object, pad rows untouched, live rows bitwise equal "
+             "to output=None (also transposed and fp32 outputs)", check_output_inplace),
+    Property("metamorphic", "R1,M3,M5,M7,H8,H16,1.1", "batch permutation, slot move, pool relabel, isolation, "
+             "ring rotation, strided q/k/v, strided a/b and strided pool: bitwise the same results",
+             check_metamorphic),
+)

@@ -5,7 +5,7 @@ output's worst per-(row, head) error (relative to the magnitude of its terms, th
 the tolerance table bounds).  Hypothesis' targeted phase then mutates the structure and
 the value regime toward larger errors.  The result records, per target, arm, T and output,
 the largest error seen, how close it came to the tolerance (ratio) and the Case that
-produced it: this is the evidence behind gdn_fuzz.tolerances.
+produced it: this is the evidence behind gdn_fuzz.compare.
 
 It also measures the rounding pattern of stored records (rounding_pattern): on arms whose
 RING (u records) or STATE (folds) is fp16 under bf16 IO, the share of normal fp16 values whose
@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, targe
 
 import torch
 
-from .arms import get_arm
-from .checks import observe, oracle_metrics
-from .tolerances import table_for
+from gdn_fuzz.arms import get_arm
+from gdn_fuzz.checks import observe, oracle_metrics
+from gdn_fuzz.compare import table_for
 
 
 def _low3_zero(x: torch.Tensor) -> tuple[int, int]:
@@ -62,7 +62,7 @@ def rounding_pattern(obs) -> dict:
 def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, seed: int = 0,
            steer: bool = True, on_example=lambda: None) -> dict:
     """Returns {target: {arm: {T: {output: {max_rel, max_ratio, rtol, case, n}}}}}."""
-    from .strategies import cases
+    from gdn_fuzz.strategies import cases
 
     res: dict = {str(t): {} for t in targets}
     for arm in arms:

@@ -2,7 +2,7 @@
 
 An entry holds the shrunk Case (geometry, arm, rows, cursors, seed, value regime: the
 tensors are regenerated from the seed), the launch that failed ("launch": the Case as the
-property ran it and the transformation of its inputs, gdn_fuzz.reproducer.Launch; absent in
+property ran it and the transformation of its inputs, gdn_fuzz.engine.reproducer.Launch; absent in
 entries written before it was stored), the failure's signature (checks.Finding.signature:
 check id, clause, outcome class, route family), every finding of that case, the target and
 the versions it ran with, the date, and whether it is an `open` bug (a known outcome: replayed
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .case import Case
+from gdn_fuzz.case import Case
 
 FORMAT = "gdn_fuzz.corpus/2"
 ALLOW_PATHS_ENV = "GDN_FUZZ_ALLOW_TARGET_PATHS"
@@ -54,7 +54,7 @@ class Entry:
     versions: dict = field(default_factory=dict)
     date: str = ""
     path: Path | None = None
-    launch: dict | None = None  # the launch that failed (checks.Finding.launch; gdn_fuzz.reproducer.Launch)
+    launch: dict | None = None  # the launch that failed (checks.Finding.launch; gdn_fuzz.engine.reproducer.Launch)
 
     @property
     def needs_gpu(self) -> bool:
@@ -87,7 +87,7 @@ class Entry:
 
 
 def _mutant_needs_gpu(target: str) -> bool:
-    from .mutants import CATALOGUE
+    from gdn_fuzz.targets.mutants import CATALOGUE
 
     m = CATALOGUE.get(target.split(":", 1)[1])
     return m is not None and m.base == "production"
@@ -174,7 +174,7 @@ def read(path: Path) -> Entry:
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
         hint = ("entries of format 1 predate failure signatures: replay the case against its target and store "
-                "the signature it shows (gdn_fuzz.corpus.make_entry), or delete the file"
+                "the signature it shows (gdn_fuzz.engine.corpus.make_entry), or delete the file"
                 if got == "gdn_fuzz.corpus/1" else "re-create it with this version or upgrade gdn_fuzz")
         raise CorpusError(f"corpus entry {path}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; {hint}")
     try:
@@ -199,7 +199,7 @@ def _read_launch(d) -> dict | None:
     ValueError on anything malformed."""
     if d is None:
         return None
-    from .checks import parse_launch
+    from gdn_fuzz.checks import parse_launch
 
     case, transform, params, note, changes = parse_launch(d)
     return dict(case=case.to_dict(), transform=transform, params=dict(params), note=note, changes=list(changes))
@@ -284,7 +284,7 @@ def check_replayable(entry: Entry, allow_paths: bool | None = None) -> None:
     if t in BUILTIN_TARGETS:
         return
     if t.startswith("mutant:"):
-        from .mutants import get_mutant
+        from gdn_fuzz.targets.mutants import get_mutant
 
         try:
             get_mutant(t.split(":", 1)[1])
@@ -304,10 +304,10 @@ def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", is
 
     The entry's own target must pass check_replayable (target_name, the caller's explicit
     choice, is not checked).  Crash entries (and isolate=True) run in a worker process
-    (gdn_fuzz.isolation), so a reproduced crash is a finding, not the end of the caller's process.
+    (gdn_fuzz.engine.isolation), so a reproduced crash is a finding, not the end of the caller's process.
     """
-    from .properties import get_property
-    from .targets import get_target
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.targets import get_target
 
     if target_name is None:
         check_replayable(entry, allow_paths)
@@ -315,7 +315,7 @@ def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", is
     if isolate is None:
         isolate = is_crash(entry)
     if isolate:
-        from .isolation import Worker
+        from gdn_fuzz.engine.isolation import Worker
 
         w = Worker(name, device, name=f"replay-{os.getpid()}")
         try:

@@ -88,7 +88,7 @@ def _mutant_dir() -> Path:
 
 
 def base_path(m: Mutant) -> Path:
-    from .targets import REFERENCE_PATH, resolve_production_path
+    from gdn_fuzz.targets.loading import REFERENCE_PATH, resolve_production_path
 
     return REFERENCE_PATH if m.base == "reference" else resolve_production_path()
 
@@ -97,7 +97,7 @@ def apply(m: Mutant, src: str) -> str:
     n = src.count(m.old)
     if n != 1:
         raise ValueError(f"mutant {m.name!r}: its edit must match the {m.base} source exactly once, found {n} "
-                         f"matches; update gdn_fuzz/mutants.py (the target file changed)")
+                         f"matches; update gdn_fuzz/targets/mutants.py (the target file changed)")
     return src.replace(m.old, m.new)
 
 
@@ -137,7 +137,7 @@ def get_mutant(name: str) -> Mutant:
 # the clause it breaks, the input that exposes it and, where one exists, the shipped bug of
 # docs/replayssm-serving.md ("Bugs these projects hit") it mirrors.  `prop` is the
 # Finding.prop prefix expected to kill it; guard.*, commit.* and extremes.* are
-# the properties of gdn_fuzz.mutation.  tests/test_mutants.py holds, per mutant, a hand-picked
+# the properties of gdn_fuzz.properties.contract.  tests/test_mutants.py holds, per mutant, a hand-picked
 # input on which it differs from the reference (none is equivalent).
 _AP = "aslots = (base[:, None] + P[:, None] + torch.arange(Tq, device=dev)[None, :]) & RING_MASK"
 register(

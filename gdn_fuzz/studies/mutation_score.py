@@ -1,0 +1,267 @@
+"""Mutation score: how many catalogued bugs (gdn_fuzz.targets.mutants) the suite kills, and how fast.
+
+How this module tests
+---------------------
+A mutant is the reference target with one small realistic bug (gdn_fuzz.targets.mutants).  For each
+mutant, `run_mutants` runs
+
+(a) the suite: a gdn_fuzz Campaign of every property of gdn_fuzz.properties against `mutant:NAME`, on the CPU reference geometries,
+    all five dtype arms, T in {4, 8}, batch buckets {4, 8}, no corpus, in this process
+    (isolate=False), until the first finding or the per-mutant budget.  The mutant is
+    *killed* when any property reports a finding; it records the time to the first failing
+    example (detection), the time until Hypothesis has shrunk it (the campaign records it),
+    and the size of the shrunk Case (non-pad rows, length of its JSON).  Mutants whose
+    expected property is "crash" kill the process they run in, so they run with
+    isolate=True, i.e. in a worker process.
+(b) the example-based baseline (gdn_fuzz.studies.baseline): a few fixed cases per arm against an
+    fp32 sequential reference with FlashInfer's absolute tolerances.  Killed when any of its
+    checks fails or a launch raises.
+
+Timings depend on the machine and its load; the CLI prints them as measured.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from gdn_fuzz import properties as _P
+from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.engine.campaign import Campaign
+from gdn_fuzz.targets import get_target
+from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
+
+
+# ------------------------------------------------------------------ run_mutants
+
+
+class _Killed(Exception):
+    pass
+
+
+def _timed_campaign(**kw):
+    """A Campaign that notes when the first check failed (before Hypothesis shrinks it)."""
+
+    class TimedCampaign(Campaign):
+        first_fail = None
+
+        def _check(self, prop, case):
+            found = super()._check(prop, case)
+            if found and self.first_fail is None:
+                self.first_fail = self.stats.elapsed
+            return found
+
+    return TimedCampaign(**kw)
+
+
+def reference_mutants() -> list[str]:
+    return [n for n, m in CATALOGUE.items() if m.base == "reference" and m.scored]
+
+
+def production_mutants() -> list[str]:
+    """Edits of the released kernel file (GPU only: the launches JIT-compile for SM90)."""
+    return [n for n, m in CATALOGUE.items() if m.base == "production"]
+
+
+def _baseline_isolated(name: str, arms) -> dict:
+    """The baseline in a child process (for mutants that kill their process)."""
+    code = ("import json, sys\nfrom gdn_fuzz.studies.baseline import run_baseline\nfrom gdn_fuzz.targets import get_target\n"
+            f"r = run_baseline(get_target('mutant:{name}'), arms={tuple(arms)!r})\n"
+            "print(json.dumps(dict(killed=r.killed, failures=r.failures[:5])))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or [""])[-1]
+        return dict(killed=True, failures=[f"the baseline's process died (exit {p.returncode}): {last}"])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=None, *, device: str = "cpu",
+                arms=ARM_NAMES, Ts=(4, 8), buckets=(4, 8), shrink: bool = True, baseline: bool = True,
+                round_examples: int = 25, on_result=None) -> list[dict]:
+    """Per mutant: the suite's campaign (killed, time to kill, shrunk case size) and the baseline.
+
+    names: mutant names (default: every reference-based mutant of the catalogue); budget_s: the
+    campaign budget per mutant (checked between Hypothesis rounds, so a surviving mutant may
+    overrun it by one round); properties: property names or Property objects (default: every
+    registered property).  Returns one dict per mutant (see the keys below); on_result(dict)
+    is called as each finishes.
+    """
+    from gdn_fuzz.studies.baseline import run_baseline
+    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    names = list(names) if names else reference_mutants()
+    if properties is None:
+        props = list(_P.REGISTRY.values())
+    else:
+        props = [p if isinstance(p, _P.Property) else _P.get_property(p) for p in properties]
+    results = []
+    for name in names:
+        m = get_mutant(name)
+        rec = dict(name=name, clause=m.clause, expected=m.prop, doc=m.doc, base=m.base, budget_s=budget_s,
+                   seed=seed, skipped=None, killed=False, killed_by=None, finding_props=[], expected_hit=False,
+                   t_detect=None, t_kill=None, examples=0, rows=None, case_json_len=None, case=None,
+                   baseline_killed=None, baseline_failures=[])
+        target = get_target(f"mutant:{name}")
+        why = target.unavailable_reason(device)
+        if why:
+            rec["skipped"] = why
+            results.append(rec)
+            if on_result:
+                on_result(rec)
+            continue
+        isolate = m.prop == "crash"
+        camp = _timed_campaign(target=target, device=device, properties=props, arms=tuple(arms), Ts=tuple(Ts),
+                               geometries=GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES,
+                               buckets=tuple(buckets), seed=seed, round_examples=round_examples, shrink=shrink,
+                               isolate=isolate, corpus_dir=None)
+
+        # A kill is a finding that the unmodified base passes on the same case: a property that
+        # also fails on the base (a known bug of the released kernel, say) says nothing about the
+        # mutant.  Such findings are noted and the campaign goes on.
+        base_t = None if isolate else get_target(m.base)
+        kills, base_fails = [], []
+
+        def stop(f):
+            if base_t is not None:
+                try:
+                    on_base = [str(x) for x in _P.get_property(f.prop).check(base_t, f.case, device)]
+                except Exception as e:  # noqa: BLE001  (the base cannot run it either: not a kill)
+                    on_base = [f"{type(e).__name__}: {e}"]
+                if on_base:
+                    base_fails.append(dict(prop=f.prop, findings=[str(x) for x in f.findings][:3],
+                                           on_base=on_base[:3], case=f.case.to_dict()))
+                    return
+            kills.append((f, camp.stats.elapsed))
+            raise _Killed
+
+        try:
+            camp.run(seconds=budget_s, on_finding=stop)
+        except _Killed:
+            pass
+        rec["examples"] = camp.stats.examples
+        rec["properties"] = [p.name for p in props]
+        rec["isolated"] = isolate
+        rec["base_also_fails"] = base_fails
+        if kills:
+            f, t_found = kills[0]
+            rec.update(killed=True, killed_by=f.prop, finding_props=sorted({x.prop for x in f.findings}),
+                       t_detect=camp.first_fail if not base_fails else t_found, t_kill=camp.stats.elapsed,
+                       rows=sum(not r.pad for r in f.case.rows), case_json_len=len(f.case.to_json()),
+                       case=f.case.to_dict(), findings=[str(x) for x in f.findings][:5])
+            rec["expected_hit"] = any(p.startswith(m.prop) for p in rec["finding_props"])
+        else:
+            rec["t_run"] = camp.stats.elapsed
+        if baseline:
+            if isolate:
+                b = _baseline_isolated(name, arms)
+                rec["baseline_killed"], rec["baseline_failures"] = b["killed"], b["failures"]
+            else:
+                b = run_baseline(target, arms=tuple(arms), device=device)
+                rec["baseline_killed"], rec["baseline_failures"] = b.killed, b.failures[:5]
+        results.append(rec)
+        if on_result:
+            on_result(rec)
+    return results
+
+
+def summary(results: list[dict]) -> dict:
+    ran = [r for r in results if not r["skipped"]]
+    killed = [r for r in ran if r["killed"]]
+    t = [r["t_detect"] for r in killed if r["t_detect"] is not None]
+    tk = [r["t_kill"] for r in killed if r["t_kill"] is not None]
+    base = [r for r in ran if r["baseline_killed"] is not None]
+    return dict(mutants=len(ran), killed=len(killed), kill_rate=len(killed) / len(ran) if ran else 0.0,
+                baseline_mutants=len(base), baseline_killed=sum(bool(r["baseline_killed"]) for r in base),
+                baseline_kill_rate=(sum(bool(r["baseline_killed"]) for r in base) / len(base)) if base else None,
+                median_t_detect=statistics.median(t) if t else None, max_t_detect=max(t) if t else None,
+                median_t_kill=statistics.median(tk) if tk else None, max_t_kill=max(tk) if tk else None,
+                skipped=[r["name"] for r in results if r["skipped"]])
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _fmt_t(x):
+    return "-" if x is None else f"{x:.1f}s"
+
+
+def cmd_mutants(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    names = args.only or (production_mutants() if args.base == "production" else reference_mutants())
+    for n in names:
+        get_mutant(n)  # unknown names fail before anything runs
+    arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
+    rounds = args.round_examples or (4 if str(args.device).startswith("cuda") else 25)
+    console.print(f"gdn-fuzz mutants: {len(names)} mutants, budget {args.budget:g}s each, seed {args.seed}, "
+                  f"{rounds} examples per round, "
+                  f"device {args.device}, arms {','.join(arms)}, properties {','.join(_P.REGISTRY)}")
+
+    def one(r):
+        for b in r.get("base_also_fails") or []:
+            console.print(f"  {r['name']}: a {b['prop']} finding also fails on the unmodified {r['base']} "
+                          f"(not a kill, ignored): {b['findings'][0][:120]}", markup=False)
+        if r["skipped"]:
+            console.print(f"  {r['name']}: skipped ({r['skipped']})", markup=False)
+        else:
+            console.print(f"  {r['name']}: {'killed by ' + r['killed_by'] if r['killed'] else 'SURVIVED'} "
+                          f"in {_fmt_t(r['t_detect'] if r['killed'] else r.get('t_run'))}; baseline "
+                          f"{'killed' if r['baseline_killed'] else 'survived'}", markup=False)
+
+    res = run_mutants(names, args.budget, args.seed, device=args.device, arms=arms, on_result=one,
+                      round_examples=rounds)
+    t = Table(title=f"mutation score (budget {args.budget:g}s per mutant, seed {args.seed}; times are wall "
+                    "seconds on this machine)")
+    for col in ("mutant", "clause", "expected", "killed", "killed by", "first finding", "time-to-kill",
+                "shrunk at", "rows", "case JSON", "baseline"):
+        t.add_column(col, no_wrap=col in ("mutant", "expected", "first finding"), overflow="fold")
+    for r in res:
+        if r["skipped"]:
+            t.add_row(r["name"], r["clause"], r["expected"], "skipped", "-", r["skipped"][:40], "-", "-", "-", "-", "-")
+            continue
+        first = "-" if not r["killed"] else r["finding_props"][0] + ("" if r["expected_hit"] else " (unexpected)")
+        t.add_row(r["name"], r["clause"], r["expected"],
+                  "[green]yes[/green]" if r["killed"] else "[red]NO[/red]", r["killed_by"] or "-",
+                  first, _fmt_t(r["t_detect"]), _fmt_t(r["t_kill"]),
+                  "-" if r["rows"] is None else str(r["rows"]),
+                  "-" if r["case_json_len"] is None else str(r["case_json_len"]),
+                  "-" if r["baseline_killed"] is None else ("killed" if r["baseline_killed"] else "survived"))
+    console.print(t)
+    s = summary(res)
+    bl = "-" if s["baseline_kill_rate"] is None else f"{s['baseline_killed']}/{s['baseline_mutants']} " \
+                                                       f"({s['baseline_kill_rate']:.0%})"
+    console.print(f"suite: {s['killed']}/{s['mutants']} killed ({s['kill_rate']:.0%}); time-to-kill median "
+                  f"{_fmt_t(s['median_t_detect'])}, max {_fmt_t(s['max_t_detect'])} (after shrinking: median "
+                  f"{_fmt_t(s['median_t_kill'])}, max {_fmt_t(s['max_t_kill'])}); example-based baseline: {bl}"
+                  + (f"; skipped: {', '.join(s['skipped'])}" if s["skipped"] else ""))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), budget_s=args.budget,
+                           round_examples=rounds, seed=args.seed, device=args.device, arms=list(arms), summary=s, results=res),
+                      fh, indent=1, default=str)
+    return 0 if s["mutants"] and s["killed"] == s["mutants"] else 1
+
+
+def add_parser(subparsers):
+    """Add the `mutants` subcommand to the gdn-fuzz CLI (argparse subparsers)."""
+    p = subparsers.add_parser("mutants", help="mutation score: run the suite and the example-based baseline "
+                                              "against every catalogued mutant")
+    p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every mutant of --base)")
+    p.add_argument("--base", choices=("reference", "production"), default="reference",
+                   help="which catalogue: edits of the reference target (CPU or GPU) or one-line edits of the "
+                        "released kernel file (an SM90 GPU; use with --device cuda)")
+    p.add_argument("--json", help="write the per-mutant results here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--round-examples", type=int,
+                   help="examples per property per Hypothesis round (default 25 on the CPU, 4 on CUDA: on a GPU every "
+                        "new shape of a new mutant module JIT-compiles, and with 25 the first H200 run spent a 30 s "
+                        "budget on the launch and routing rounds alone, never reaching commit or guards)")
+    p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
+    p.set_defaults(func=cmd_mutants)
+    return p
