@@ -21,7 +21,7 @@ import torch
 from gdn_fuzz.case import Case, materialize
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
-from gdn_fuzz.compare import table_for
+from gdn_fuzz.compare import rel_to_magnitude, table_for
 
 BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
 READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
@@ -263,20 +263,6 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Elementwise bit equality (NaN == NaN when the payloads match)."""
     itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
     return x.contiguous().view(itype) == y.contiguous().view(itype)
-
-
-def rel_to_magnitude(got, want, mag, dims, atol: float = 0.0):
-    """Per-slice (||got - want||_F, ||mag||_F + atol-floor) over `dims`, float64.
-
-    The floor is atol * sqrt(n) / rtol-free: callers compare err <= rtol * mag + floor.
-    """
-    got = got.double()
-    err = (got - want).pow(2).sum(dims).sqrt()
-    n = 1
-    for d in dims:
-        n *= got.shape[d]
-    den = mag.pow(2).sum(dims).sqrt()
-    return err, den, atol * n**0.5
 
 
 def _worst_on_device(ratio: torch.Tensor, rel: torch.Tensor, live_rows: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gdn_fuzz.arms import ARM_NAMES
-from gdn_fuzz.serving.machine import DRIFT_C, MachineFailure, machine_class, machine_settings
+from gdn_fuzz.compare import DRIFT_C
+from gdn_fuzz.serving.machine import MachineFailure, machine_class, machine_settings
 from gdn_fuzz.targets import get_target
 
 from gdn_fuzz.targets.mutants import CATALOGUE

@@ -85,7 +85,7 @@ import torch
 from gdn_fuzz.arms import get_arm
 from gdn_fuzz.case import Regime, _decay_params, draw_tokens
 from gdn_fuzz.checks import Finding, same_bits
-from gdn_fuzz.serving.machine import DRIFT_C, drift_unit
+from gdn_fuzz.compare import DRIFT_C, drift_unit
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring as ring_oracle

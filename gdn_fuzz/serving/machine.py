@@ -70,7 +70,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from gdn_fuzz.arms import get_arm, unit_roundoff
+from gdn_fuzz.arms import get_arm
+from gdn_fuzz.compare import DRIFT_C, drift_unit
 from gdn_fuzz.case import BETAS, DECAYS, KEYS, Case, Regime, Row, _decay_params, draw_tokens
 from gdn_fuzz.checks import Finding, check_oracle, check_writes, observe
 from gdn_fuzz.oracles import commit as commits
@@ -89,68 +90,6 @@ POOLS = (4, 8)  # pool size range (inclusive)
 BUCKETS = (4, 8)  # batch buckets (power-of-two sizes, D4)
 COMMITS = ("caller", "standalone")
 ALL_CHECKS = frozenset({"launch", "writes", "cursors", "trajectory"})
-
-# ------------------------------------------------------------------ drift budget (trajectory)
-# The rebuilt state of a request that has been through `age` launches since admission must
-# satisfy, per (request, v-head), in the Frobenius norm over [V, K]:
-#
-#     ||S_target - S_truth|| <= DRIFT_C * u(arm) * sqrt(1 + age) * ||S_truth|| + atol * sqrt(V K)
-#
-# u(arm) = the coarsest unit roundoff among the arm's IO/PACK, STATE and RING dtypes (every
-# token's k_hat and U and every fold pass through them); atol = the arm's fold floor from
-# gdn_fuzz.compare (K * 2^-24 for arms with an fp16 dtype: fp16 subnormals; 0 for bf16).
-# Random-sign rounding errors add in quadrature, hence sqrt(1 + age).
-#
-# Measured 2026-11-29 on the reference target with `python -m gdn_fuzz.serving.machine --measure
-# --device cuda --steps 200 --seeds 2 --arms ARM` (one process per arm, an H200 through the
-# device tool, torch 2.11+cu130): geometry H=2, HV=4, pool 8, B=8 with all 8 slots busy,
-# random accepts in 1..T, a preemption every 50 launches; grid arm x T {4, 8} x decay
-# {normal, weak, strong} x beta {mid, near0, near1} x seed {0, 1}, keys cycling through
-# {random, near_dup, zero_norm}, flush_min alternating lazy (17 - T) / 1, commit alternating
-# caller / standalone: 36 runs x 200 launches per arm, 36,000 launches, 183,570 folds in all.
-# The two worst runs were re-run on the CPU (torch 2.13): the same numbers to 4 digits
-# (bf16 2.7063 vs 2.7063; fp16 1.0727 vs 1.0727).
-#
-# Recorded "need" = max over launches, requests and heads of
-#     (||S_target - S_truth|| - atol sqrt(V K))_+ / (u * sqrt(1 + age) * ||S_truth||):
-#   bf16 2.706, bf16-ring16 2.705, fp16 1.073, bf16-state16 0.998, bf16-state16-ring16 0.137.
-# Everything but one corner stays below 1.1 and does not grow with age (rounding errors of
-# random sign, washed out by decay).  The corner: STATE = bf16, weak decay (g ~ -5e-4 per
-# token), beta near 0 (tiny updates) and flush_min = 1 (a fold every launch).  There a
-# fold's decay e^{G_P} ~ 1 - 1.3e-3 is below half a bf16 ulp, the fold rounds the
-# checkpoint back to itself, and the stored state stops decaying: the drift is then
-# systematic, about 7e-4 relative per launch (7.5e-3 at 10 launches, 0.036 at 50, 0.071
-# at 100, 0.144 at 200, 0.164 at 250, 0.27 at 400; need 2.6 / 2.66 / 3.47 at ages
-# 200 / 250 / 400, measured on the CPU with H=1, HV=2, B=4).  The same run with the lazy
-# flush_min (13) drifts 0.017 at 400 launches (need 0.22).  The production kernel folds
-# the same way (N3: S_h rounded once to STATE),
-# so this is the contract's behaviour, not a reference artefact: a finding about bf16
-# checkpoints with eager folding, reported, not a bug for this invariant to flag.
-#
-# DRIFT_C = 4 x 2.706 rounded up = 11.  The margin of 4 covers the production kernel's
-# extra IO-dtype roundings (N3: GEMM operands, Tmat, R; the reference rounds only at the
-# stores) and the stagnation corner up to ~1,300 launches of one request, where
-# e^{7e-4 age} - 1 reaches 11 u sqrt(1 + age) (the machine runs at most
-# stateful_step_count <= 250 steps).  Power, with the trajectory invariant alone
-# (tests/test_machine.py and a CPU sweep over decay x beta x commit, bf16, T=4, lazy
-# flush_min, 40 launches): a commit that slides verify rows' bases, or appends that ignore
-# cache_base, exceed the budget 9x to 1e38x in every regime within 2-6 launches; flush rows
-# appending G_P + G_s (no local g restart) exceed it 5.5-9x under normal decay by launch 5,
-# but stay inside it under weak decay (the extra e^{G_P} ~ 1 - 6e-3 per fold) and strong
-# decay (the checkpoint no longer matters) -- there the per-launch M6 check catches it.
-MEASURED_DRIFT: dict[str, float] = {"bf16": 2.706, "bf16-ring16": 2.705, "fp16": 1.073,
-                                    "bf16-state16": 0.998, "bf16-state16-ring16": 0.137}
-MEASURED_DRIFT_MAX = max(MEASURED_DRIFT.values())
-DRIFT_MARGIN = 4.0
-DRIFT_C = 11.0  # = ceil(DRIFT_MARGIN * MEASURED_DRIFT_MAX)
-assert DRIFT_C >= DRIFT_MARGIN * MEASURED_DRIFT_MAX
-
-
-def drift_unit(arm) -> float:
-    """u(arm): the coarsest unit roundoff among IO, PACK, STATE and RING (see the budget above)."""
-    arm = get_arm(arm) if isinstance(arm, str) else arm
-    return max(unit_roundoff(d) for d in (arm.io, arm.pack, arm.state, arm.ring))
-
 
 # ------------------------------------------------------------------ geometry and state
 

@@ -35,7 +35,7 @@ rings and outputs are stored in it) and the checkpoint dtype (gdn_fuzz.arms.unit
            tokens: the launch's own roundings (gdn_fuzz.compare.C_Y) plus the state drift it
            starts from (|dS q| <= |dS| |q|, and y_mag >= |S| |q| term by term).
   fold     ||F - F64||_F <= (C_FOLD u(ckpt) + wp (8 + log2 K) 2^-24) ||F_mag||_F: one
-           rounding to the checkpoint dtype (tolerances.C_FOLD), plus per replayed token the
+           rounding to the checkpoint dtype (compare.C_FOLD), plus per replayed token the
            fp32 recurrence's roundings (exp, the K-term dot with pairwise summation ~log2 K,
            subtract, scale, rank-1 update: 8 + log2 K), F_mag the same recurrence on |terms|.
 Differential (``run_differential``): max over requests and heads of ||S_a - S_b|| /
@@ -69,7 +69,7 @@ F32 = 2.0**-24
 
 
 def _drift_c() -> float:
-    from gdn_fuzz.serving.machine import DRIFT_C as dc
+    from gdn_fuzz.compare import DRIFT_C as dc
 
     return dc
 
@@ -443,7 +443,7 @@ def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T
                      H: int = 2, HV: int = 4, seed: int = 0, device: str = "cpu", accept: str = "mtp",
                      decay: str = "normal") -> dict:
     """Same request stream through every fused arm and every Triton config; per-step max divergence per pair."""
-    from gdn_fuzz.serving.machine import drift_unit
+    from gdn_fuzz.compare import drift_unit
 
     t0 = time.time()
     st = make_stream(seed, T, R, steps, H, HV, 128, 128, decay, accept)
