@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 from gdn_fuzz import properties as _P
 from gdn_fuzz.arms import ARM_NAMES
@@ -181,87 +180,3 @@ def summary(results: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------ CLI
-
-
-def _fmt_t(x):
-    return "-" if x is None else f"{x:.1f}s"
-
-
-def cmd_mutants(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    names = args.only or (production_mutants() if args.base == "production" else reference_mutants())
-    for n in names:
-        get_mutant(n)  # unknown names fail before anything runs
-    arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
-    rounds = args.round_examples or (4 if str(args.device).startswith("cuda") else 25)
-    console.print(f"gdn-fuzz mutants: {len(names)} mutants, budget {args.budget:g}s each, seed {args.seed}, "
-                  f"{rounds} examples per round, "
-                  f"device {args.device}, arms {','.join(arms)}, properties {','.join(_P.REGISTRY)}")
-
-    def one(r):
-        for b in r.get("base_also_fails") or []:
-            console.print(f"  {r['name']}: a {b['prop']} finding also fails on the unmodified {r['base']} "
-                          f"(not a kill, ignored): {b['findings'][0][:120]}", markup=False)
-        if r["skipped"]:
-            console.print(f"  {r['name']}: skipped ({r['skipped']})", markup=False)
-        else:
-            console.print(f"  {r['name']}: {'killed by ' + r['killed_by'] if r['killed'] else 'SURVIVED'} "
-                          f"in {_fmt_t(r['t_detect'] if r['killed'] else r.get('t_run'))}; baseline "
-                          f"{'killed' if r['baseline_killed'] else 'survived'}", markup=False)
-
-    res = run_mutants(names, args.budget, args.seed, device=args.device, arms=arms, on_result=one,
-                      round_examples=rounds)
-    t = Table(title=f"mutation score (budget {args.budget:g}s per mutant, seed {args.seed}; times are wall "
-                    "seconds on this machine)")
-    for col in ("mutant", "clause", "expected", "killed", "killed by", "first finding", "time-to-kill",
-                "shrunk at", "rows", "case JSON", "baseline"):
-        t.add_column(col, no_wrap=col in ("mutant", "expected", "first finding"), overflow="fold")
-    for r in res:
-        if r["skipped"]:
-            t.add_row(r["name"], r["clause"], r["expected"], "skipped", "-", r["skipped"][:40], "-", "-", "-", "-", "-")
-            continue
-        first = "-" if not r["killed"] else r["finding_props"][0] + ("" if r["expected_hit"] else " (unexpected)")
-        t.add_row(r["name"], r["clause"], r["expected"],
-                  "[green]yes[/green]" if r["killed"] else "[red]NO[/red]", r["killed_by"] or "-",
-                  first, _fmt_t(r["t_detect"]), _fmt_t(r["t_kill"]),
-                  "-" if r["rows"] is None else str(r["rows"]),
-                  "-" if r["case_json_len"] is None else str(r["case_json_len"]),
-                  "-" if r["baseline_killed"] is None else ("killed" if r["baseline_killed"] else "survived"))
-    console.print(t)
-    s = summary(res)
-    bl = "-" if s["baseline_kill_rate"] is None else f"{s['baseline_killed']}/{s['baseline_mutants']} " \
-                                                       f"({s['baseline_kill_rate']:.0%})"
-    console.print(f"suite: {s['killed']}/{s['mutants']} killed ({s['kill_rate']:.0%}); time-to-kill median "
-                  f"{_fmt_t(s['median_t_detect'])}, max {_fmt_t(s['max_t_detect'])} (after shrinking: median "
-                  f"{_fmt_t(s['median_t_kill'])}, max {_fmt_t(s['max_t_kill'])}); example-based baseline: {bl}"
-                  + (f"; skipped: {', '.join(s['skipped'])}" if s["skipped"] else ""))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), budget_s=args.budget,
-                           round_examples=rounds, seed=args.seed, device=args.device, arms=list(arms), summary=s, results=res),
-                      fh, indent=1, default=str)
-    return 0 if s["mutants"] and s["killed"] == s["mutants"] else 1
-
-
-def add_parser(subparsers):
-    """Add the `mutants` subcommand to the gdn-fuzz CLI (argparse subparsers)."""
-    p = subparsers.add_parser("mutants", help="mutation score: run the suite and the example-based baseline "
-                                              "against every catalogued mutant")
-    p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every mutant of --base)")
-    p.add_argument("--base", choices=("reference", "production"), default="reference",
-                   help="which catalogue: edits of the reference target (CPU or GPU) or one-line edits of the "
-                        "released kernel file (an SM90 GPU; use with --device cuda)")
-    p.add_argument("--json", help="write the per-mutant results here")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--round-examples", type=int,
-                   help="examples per property per Hypothesis round (default 25 on the CPU, 4 on CUDA: on a GPU every "
-                        "new shape of a new mutant module JIT-compiles, and with 25 the first H200 run spent a 30 s "
-                        "budget on the launch and routing rounds alone, never reaching commit or guards)")
-    p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
-    p.set_defaults(func=cmd_mutants)
-    return p

@@ -1,0 +1,30 @@
+"""`gdn-fuzz report` (a campaign's Markdown/HTML report) and `gdn-fuzz doctor` (what this machine can run)."""
+
+from __future__ import annotations
+
+from gdn_fuzz.cli.common import console
+
+
+def cmd_report(args) -> int:
+    from gdn_fuzz.engine.report import build
+
+    path = build(args.records, args.campaign, args.out)
+    console.print(f"report written: {path} (+ report.html and PNG plots beside it)")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from gdn_fuzz.engine.doctor import report
+
+    console.print(report(), markup=False)
+    return 0
+
+
+def add_parser(sub) -> None:
+    rep = sub.add_parser("report", help="Markdown/HTML report with coverage and error plots of a campaign")
+    rep.add_argument("records", help="the campaign's --record JSON lines")
+    rep.add_argument("--campaign", help="the campaign's --json record (findings, budget, versions)")
+    rep.add_argument("--out", default="report", help="output folder")
+    rep.set_defaults(func=cmd_report)
+    d = sub.add_parser("doctor", help="what this machine can run, and why not")
+    d.set_defaults(func=cmd_doctor)

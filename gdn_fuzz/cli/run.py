@@ -1,0 +1,217 @@
+"""`gdn-fuzz run`: a budgeted fuzz campaign against a target (gdn_fuzz.engine.campaign)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.cli.common import (EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError,
+                                  console, parse_arms, target_device_arms)
+
+
+def validate_run_args(args) -> None:
+    """Every option of `gdn-fuzz run` checked before any work (UsageError, one line)."""
+    if args.seconds is not None and not (args.seconds > 0):
+        raise UsageError(f"--seconds={args.seconds:g}: give a positive number of seconds")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples={args.examples}: give at least 1")
+    if args.launch_timeout is not None and not (args.launch_timeout > 0):
+        raise UsageError(f"--launch-timeout={args.launch_timeout:g}: give a positive number of seconds")
+    if args.round_examples < 1:
+        raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
+    for b in args.buckets:
+        if b < 1 or b & (b - 1) or b > 1024:
+            raise UsageError(f"--buckets {b}: batch buckets are powers of two in [1, 1024] (e.g. 4 8)")
+    if args.arms:
+        try:
+            parse_arms(args.arms)
+        except ValueError as e:
+            raise UsageError(f"--arms {' '.join(args.arms)}: {e}") from None
+    if args.property:
+        from gdn_fuzz.properties import REGISTRY
+
+        for p in args.property:
+            if p not in REGISTRY:
+                raise UsageError(f"--property {p}: unknown; use one of {', '.join(REGISTRY)}")
+
+
+def cmd_run(args) -> int:
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.engine.isolation import SetupError
+    from gdn_fuzz.engine.reproducer import explain
+    from gdn_fuzz.properties import REGISTRY, get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+    try:
+        validate_run_args(args)
+    except UsageError as e:
+        console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
+        return EXIT_USAGE
+    if args.gpus:
+        from gdn_fuzz.engine import corpus
+        from gdn_fuzz.engine.multigpu import run_on_gpus
+
+        try:
+            return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
+        except ValueError as e:
+            console.print(f"[red]{e}[/red]")
+            return EXIT_USAGE
+    got = target_device_arms(args)
+    if got is None:
+        return EXIT_USAGE
+    target, device, arms = got
+    try:
+        for a in arms:
+            target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
+    except Exception as e:  # noqa: BLE001 - a target that cannot be imported is a setup error
+        console.print(f"[red]target {target} cannot be loaded:[/red] {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}", markup=True)
+        return EXIT_USAGE
+    props = [get_property(p) for p in (args.property or list(REGISTRY))]
+    geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
+    from gdn_fuzz.engine import corpus
+
+    corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
+    if corpus_dir is not None:
+        corpus.clean_stale_temps(corpus_dir)
+    known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
+    camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
+                    geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
+                    round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
+                    record_path=args.record, known=known, launch_timeout_s=args.launch_timeout)
+    seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
+    console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
+                  f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
+                  f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}"
+                  f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
+    with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
+        task = progress.add_task("", total=seconds or args.examples)
+
+        def tick():
+            s = camp.stats
+            progress.update(task, completed=(s.elapsed if seconds else s.examples),
+                            description=f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
+                                        f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  "
+                                        f"{s.rate:.1f} ex/s")
+
+        def first(sig, prop, case, findings, t, n):
+            progress.console.print(f"[red]failure[/red] {sig}  (property {prop}, {t:.1f}s, after {n} examples; "
+                                   "shrinking)", markup=True, highlight=False)
+
+        def found(f):
+            progress.console.print(f"[red]finding[/red] {f.signature}", markup=True)
+            progress.console.print(f"  property {f.prop}; first failing example at {f.first_t:.1f}s after "
+                                   f"{f.first_examples} examples; "
+                                   + (f"shrunk in {f.shrink_s:.1f}s" if f.shrunk else
+                                      f"shrinking stopped after {f.shrink_s:.1f}s (budget or interrupt): best case so far")
+                                   + (" (flaky on replay)" if f.flaky else ""), markup=False)
+            # the launch as it ran (the property's own changes to the drawn case), and which
+            # neighbouring cursors pass when the failing row sits on a routing or ring edge
+            progress.console.print(explain(f.prop, f.case, f.findings, f.signature, target, device,
+                                           isolate=not args.no_isolate), markup=False)
+            for x in f.findings:
+                progress.console.print("  " + str(x), markup=False)
+            if f.entry_path is not None:
+                progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
+                                       markup=False)
+            elif f.entry_note:
+                progress.console.print(f"  corpus: {f.entry_note}", markup=False)
+
+        try:
+            if args.warm_up:
+                progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
+                camp.warm_up()
+                progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT "
+                                       "compiles (outside the budget)")
+            camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found, on_first=first)
+        except SetupError as e:  # the machine cannot run checks: not a finding
+            progress.stop()
+            console.print(f"[red]setup error:[/red] {e}", markup=True)
+            return EXIT_USAGE
+        tick()
+    s = camp.stats
+    t = Table(title="gdn-fuzz summary")
+    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "new findings",
+                "known bugs seen", "time", "examples/s", "warm-up"):
+        t.add_column(col)
+    t.add_row(str(target), device, str(s.examples), str(s.launches), str(s.rounds), str(s.compiles),
+              str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
+              f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
+    console.print(t)
+    if camp.findings or camp.known_hits:
+        ft = Table(title="findings by signature")
+        for col in ("signature", "status", "first at", "examples before", "shrunk", "corpus entry"):
+            ft.add_column(col, overflow="fold")
+        for f in camp.findings.values():
+            ft.add_row(f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
+                       f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
+                       "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
+        for k in camp.known_summary():
+            ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
+        console.print(ft)
+    for sig, u in sorted(camp.unconfirmed.items()):
+        console.print(f"[yellow]not confirmed[/yellow] (its first failing case did not come back in a fresh worker "
+                      f"process: {'passed' if u['reproduced'] is False else 'out of memory or a hang'}; not filed, "
+                      f"not shrunk): {sig}", markup=True)
+    for sig, n in sorted(camp.env_failures.items()):
+        console.print(f"[yellow]failure of the machine, not of the kernel[/yellow] ({n} example(s)): {sig}",
+                      markup=True)
+    if camp.interrupted:
+        console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
+    if args.json:
+        rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
+                   seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
+                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                   warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=seconds,
+                   budget_examples=args.examples, interrupted=camp.interrupted,
+                   seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   findings=[f.to_record() for f in camp.findings.values()],
+                   known=camp.known_summary(), machine_failures=dict(camp.env_failures),
+                   unconfirmed=camp.unconfirmed)
+        with open(args.json, "w") as fh:
+            json.dump(rec, fh, indent=1)
+    if camp.interrupted:
+        return EXIT_INTERRUPTED
+    if camp.findings:
+        return EXIT_NEW
+    if camp.known_hits and args.fail_on_known:
+        return EXIT_KNOWN_ONLY
+    return EXIT_OK
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("run", help="fuzz a target within a time or example budget")
+    r.add_argument("--target", help="reference | production | sm100 | PATH.py (default: production on an SM90+ GPU, else reference)")
+    r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")
+    r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
+    r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    r.add_argument("--buckets", nargs="+", type=int, default=[4, 8], help="power-of-two batch sizes (pad rows fill them)")
+    r.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    r.add_argument("--seconds", type=float, help="time budget (default 60 unless --examples is given)")
+    r.add_argument("--examples", type=int, help="example budget")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--property", action="append", help="property to run (repeatable; default: all)")
+    r.add_argument("--round-examples", type=int, default=25, help="examples per Hypothesis round")
+    r.add_argument("--json", help="write a JSON record of the campaign here")
+    r.add_argument("--corpus", help="corpus folder for findings (default: $GDN_FUZZ_CORPUS or ./corpus)")
+    r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")
+    r.add_argument("--no-isolate", action="store_true", help="launch in this process (no crash isolation)")
+    r.add_argument("--record", help="append one JSON line per example here (input of `gdn-fuzz report`)")
+    r.add_argument("--warm-up", action="store_true",
+                   help="first launch one legal case per (arm, T, geometry, bucket), paying every JIT compile "
+                        "outside the budget (reported apart); the budget then measures checking, not compiling")
+    r.add_argument("--launch-timeout", type=float,
+                   help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
+                        "check so far, at least 30 s, never past the budget left)")
+    r.add_argument("--fail-on-known", action="store_true",
+                   help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
+                        f"target); by default they are listed and the exit code is {EXIT_OK}")
+    r.add_argument("--gpus", help="one campaign process per GPU: '0,1' or 'all' (CUDA_VISIBLE_DEVICES per worker, "
+                                  "seed + worker index, one shared corpus; --json gets the merged record)")
+    r.set_defaults(func=cmd_run)
