@@ -37,10 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from gdn_fuzz.arms import ARM_NAMES, get_arm
+from gdn_fuzz.compare import AUTHORS_STATE_ATOL, AUTHORS_Y_ATOL
 from gdn_fuzz.targets import Target
 
-Y_ATOL = 8e-3  # FlashInfer's absolute tolerance on y (contract N4)
-STATE_ATOL = 2e-2  # ... and on the folded state
+Y_ATOL = AUTHORS_Y_ATOL  # FlashInfer's absolute tolerances (gdn_fuzz.compare, contract N4)
+STATE_ATOL = AUTHORS_STATE_ATOL
 B, T, H, HV, K, V = 4, 4, 2, 4, 128, 128
 FLUSH_MIN = 17 - T
 PS = (0, 12, 13)
