@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, settings
 def _pin_gpu_for_xdist_worker() -> str | None:
     """One xdist worker per GPU: worker gwN sees GPU N mod (number of GPUs) as cuda:0.
 
-    Runs at plugin import, which in an xdist worker happens after xdist has set
-    PYTEST_XDIST_WORKER and before anything can initialize CUDA.  The GPUs are those in
+    Runs in pytest_configure of a gdn_fuzz session (never at import: installed beside another
+    project, the plugin leaves its environment alone), which in an xdist worker happens after
+    xdist has set PYTEST_XDIST_WORKER and before any test can initialize CUDA.  The GPUs are those in
     CUDA_VISIBLE_DEVICES, else those `nvidia-smi -L` lists.  GDN_FUZZ_NO_GPU_PINNING=1
     turns it off (e.g. several workers sharing one GPU on purpose).
     """
@@ -51,8 +52,6 @@ def _pin_gpu_for_xdist_worker() -> str | None:
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(wid[2:]) % len(gpus)]
     return os.environ["CUDA_VISIBLE_DEVICES"]
 
-
-PINNED_GPU = _pin_gpu_for_xdist_worker()
 
 
 def _database():
@@ -114,7 +113,9 @@ _ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY")
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin, which loads --hypothesis-profile NAME
 def pytest_configure(config):
+    config._gdn_pinned_gpu = None
     if gdn_session(config):
+        config._gdn_pinned_gpu = _pin_gpu_for_xdist_worker()
         register_profiles()
         settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
         # the thread policy of gdn_fuzz suites: the CPU cases are small ([B <= 8, HV <= 8, 128, 128]);
@@ -177,7 +178,8 @@ def pytest_report_header(config):
     seed = config.getoption("--hypothesis-seed", None)
     if seed is None and prof == "ci":
         seed = "derandomized (ci profile)"
-    pin = f" (xdist worker pinned to CUDA_VISIBLE_DEVICES={PINNED_GPU})" if PINNED_GPU else ""
+    pinned = getattr(config, "_gdn_pinned_gpu", None)
+    pin = f" (xdist worker pinned to CUDA_VISIBLE_DEVICES={pinned})" if pinned else ""
     return [f"gdn_fuzz: target={target} arms={','.join(arms)} device={device} gpu={gpu}{pin} "
             f"torch={torch.__version__} hypothesis-profile={prof} hypothesis-seed={seed or 'random per test'}",
             f"gdn_fuzz: corpus={corpus.default_dir()} ({len(corpus.entries())} entries, "
@@ -261,3 +263,22 @@ def gdn_verdict(request):
 def gdn_selection(pytestconfig):
     """(target name, arms, device) chosen by the gdn_fuzz options."""
     return _selection(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def target_under_test(gdn_selection):
+    """(Target, arms, device) chosen by the gdn_fuzz options, for property suites (a user's own test
+    files get it too); skips with the reason when the target cannot launch here."""
+    from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
+
+    name, arms, device = gdn_selection
+    try:
+        t = get_target(name)
+        for a in arms:
+            t.module(a)
+    except (TargetUnavailable, TargetMismatch, ImportError) as e:
+        pytest.skip(f"target {name!r} unavailable here: {e}")
+    why = t.unavailable_reason(device)
+    if why:
+        pytest.skip(why)
+    return t, arms, device

@@ -1,26 +1,6 @@
-"""Shared fixtures: the target under test (chosen by --gdn-target / GDN_FUZZ_TARGET) and planted modules."""
+"""This project's own test settings.
 
-from __future__ import annotations
-
-import pytest
-
-from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
-
-
-@pytest.fixture(scope="session")
-def target_under_test(gdn_selection):
-    """(Target, arms, device) for the property suites; skips with the reason when it cannot launch."""
-    name, arms, device = gdn_selection
-    try:
-        t = get_target(name)
-        for a in arms:
-            t.module(a)
-    except (TargetUnavailable, TargetMismatch, ImportError) as e:
-        pytest.skip(f"target {name!r} unavailable here: {e}")
-    why = t.unavailable_reason(device)
-    if why:
-        pytest.skip(why)
-    return t, arms, device
-
-
-# The thread policy (one torch thread per process) is the gdn_fuzz plugin's, in gdn_fuzz sessions.
+The fixtures the suites use (target_under_test, gdn_selection, gdn_verdict) and the thread policy
+are the gdn_fuzz pytest plugin's (gdn_fuzz/pytest_plugin.py), so a user's own test file gets them
+too; the Hypothesis profiles load because pyproject.toml sets `gdn_fuzz_profiles = true`.
+"""

@@ -39,8 +39,10 @@ def test_example_property_finds_a_planted_bug():
 
 
 def test_public_names_resolve_and_import_changes_nothing():
-    """Every name in __all__ resolves; importing gdn_fuzz and its public names in a fresh process
-    leaves Hypothesis' profile and CUDA_VISIBLE_DEVICES as they were."""
+    """Every name in __all__ resolves; importing gdn_fuzz, its public names and then every module of the
+    package (plugin, CLI, studies, serving included) in a fresh process leaves Hypothesis' profile,
+    torch's thread count and the environment (CUDA_VISIBLE_DEVICES in an xdist worker too) as they were."""
+    import os
     import subprocess
     import sys
 
@@ -49,17 +51,22 @@ def test_public_names_resolve_and_import_changes_nothing():
     for mod in ("gdn_fuzz.strategies", "gdn_fuzz.oracles"):
         m = __import__(mod, fromlist=["__all__"])
         assert all(hasattr(m, n) for n in m.__all__)
-    show = "print(hypothesis.settings.get_current_profile_name(), hypothesis.settings().max_examples, " \
-           "os.environ.get('CUDA_VISIBLE_DEVICES'))"
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")}
+    show = ("import torch\nprint(hypothesis.settings.get_current_profile_name(), hypothesis.settings().max_examples, "
+            "torch.get_num_threads(), os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
+            "import json\nprint(json.dumps(dict(os.environ)).replace(' ', ''))")
+    every = ("import pkgutil, importlib\nfor m in pkgutil.walk_packages(gdn_fuzz.__path__, 'gdn_fuzz.'):\n"
+             "    if not m.name.endswith('__main__'):\n        importlib.import_module(m.name)\n")
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")}
 
-    def run(code):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    def run(code, **extra):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env={**base, **extra})
         assert out.returncode == 0, out.stderr
         return out.stdout.split()
 
     # Hypothesis' own choice (it loads its built-in "ci" profile when $CI is set) is the baseline
-    plain = run("import os, hypothesis\n" + show)
-    ours = run("import os, hypothesis, gdn_fuzz\n[getattr(gdn_fuzz, n) for n in gdn_fuzz.__all__]\n"
-               "import gdn_fuzz.pytest_plugin\n" + show)
-    assert ours == plain and plain[-1] == "None", (plain, ours)
+    for extra in ({}, {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "0,1"}):
+        plain = run("import os, hypothesis\n" + show, **extra)
+        ours = run("import os, hypothesis, gdn_fuzz\n[getattr(gdn_fuzz, n) for n in gdn_fuzz.__all__]\n"
+                   + every + show, **extra)
+        assert ours == plain and plain[3] == extra.get("CUDA_VISIBLE_DEVICES", "None"), (extra, plain, ours)
