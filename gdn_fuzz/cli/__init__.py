@@ -15,6 +15,8 @@ from gdn_fuzz.cli import replay, report, run, studies
 from gdn_fuzz.cli.common import (  # noqa: F401  (the exit codes, documented in the README)
     EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError)
 from gdn_fuzz.cli.run import validate_run_args  # noqa: F401
+from gdn_fuzz.studies.drift import add_parser as add_drift_parser
+from gdn_fuzz.studies.triton_diff import add_parser as add_triton_parser
 
 __all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NEW", "EXIT_USAGE", "EXIT_KNOWN_ONLY",
            "EXIT_INTERRUPTED", "UsageError", "validate_run_args"]
@@ -28,10 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for mod in COMMANDS:
         mod.add_parser(sub)
-    from gdn_fuzz.studies.drift import add_parser as add_drift_parser
 
     add_drift_parser(sub)
-    from gdn_fuzz.studies.triton_diff import add_parser as add_triton_parser
 
     add_triton_parser(sub)
     return ap

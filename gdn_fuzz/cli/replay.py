@@ -7,17 +7,15 @@ import os
 from rich.table import Table
 
 from gdn_fuzz.cli.common import EXIT_USAGE, console, default_device
+from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.reproducer import emit_test, entry_launch, explain
 from gdn_fuzz.targets import TargetUnavailable, get_target
 
 
 def cmd_replay(args) -> int:
-    from gdn_fuzz.engine import corpus
-
     paths = [p for a in (args.entries or [str(corpus.default_dir())]) for p in
              (corpus.entries(a) if os.path.isdir(a) else [a])]
     if args.emit_test:
-        from gdn_fuzz.engine.reproducer import emit_test, entry_launch
-
         if len(paths) != 1:
             console.print(f"[red]gdn-fuzz replay --emit-test:[/red] give exactly one corpus entry file (got "
                           f"{len(paths)})", markup=True)
@@ -62,8 +60,6 @@ def cmd_replay(args) -> int:
         found = corpus.replay(e, target, device, allow_paths=True)
         ok, what = corpus.verdict(e, found)
         if args.explain:
-            from gdn_fuzz.engine.reproducer import entry_launch, explain
-
             text = (explain(e.prop, e.case, found, e.signature, tgt, device, isolate=corpus.is_crash(e))
                     if any(f.launch for f in found) else entry_launch(e).describe())
             explained.append(f"{p}: {e.signature}\n{text}")

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from gdn_fuzz.cli.common import console
+from gdn_fuzz.engine.doctor import report
+from gdn_fuzz.engine.report import build
 
 
 def cmd_report(args) -> int:
-    from gdn_fuzz.engine.report import build
-
     path = build(args.records, args.campaign, args.out)
     console.print(f"report written: {path} (+ report.html and PNG plots beside it)")
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from gdn_fuzz.engine.doctor import report
-
     console.print(report(), markup=False)
     return 0
 

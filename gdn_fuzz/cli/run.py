@@ -12,6 +12,13 @@ from rich.table import Table
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import (EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError,
                                   console, parse_arms, target_device_arms)
+from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.campaign import Campaign
+from gdn_fuzz.engine.isolation import SetupError
+from gdn_fuzz.engine.multigpu import run_on_gpus
+from gdn_fuzz.engine.reproducer import explain
+from gdn_fuzz.properties import REGISTRY, get_property
+from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
 
 def validate_run_args(args) -> None:
@@ -33,29 +40,18 @@ def validate_run_args(args) -> None:
         except ValueError as e:
             raise UsageError(f"--arms {' '.join(args.arms)}: {e}") from None
     if args.property:
-        from gdn_fuzz.properties import REGISTRY
-
         for p in args.property:
             if p not in REGISTRY:
                 raise UsageError(f"--property {p}: unknown; use one of {', '.join(REGISTRY)}")
 
 
 def cmd_run(args) -> int:
-    from gdn_fuzz.engine.campaign import Campaign
-    from gdn_fuzz.engine.isolation import SetupError
-    from gdn_fuzz.engine.reproducer import explain
-    from gdn_fuzz.properties import REGISTRY, get_property
-    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
-
     try:
         validate_run_args(args)
     except UsageError as e:
         console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
         return EXIT_USAGE
     if args.gpus:
-        from gdn_fuzz.engine import corpus
-        from gdn_fuzz.engine.multigpu import run_on_gpus
-
         try:
             return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
         except ValueError as e:
@@ -74,7 +70,6 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
     geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
-    from gdn_fuzz.engine import corpus
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     if corpus_dir is not None:

@@ -10,12 +10,15 @@ from rich.table import Table
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import console, default_device, parse_arms, target_device_arms
 from gdn_fuzz.targets import get_target
+from gdn_fuzz import properties as _P
+from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+from gdn_fuzz.studies.mutation_score import production_mutants, reference_mutants, run_mutants, summary
+from gdn_fuzz.studies.precision import markdown, search
+from gdn_fuzz.studies.unguarded import run_all
+from gdn_fuzz.targets.mutants import get_mutant
 
 
 def cmd_precision(args) -> int:
-    from gdn_fuzz.studies.precision import search
-    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
-
     targets = [get_target(n) for n in args.targets]
     device = args.device or default_device(targets[0])
     for t in targets:
@@ -44,8 +47,6 @@ def cmd_precision(args) -> int:
                 tab.add_row(tname, arm, str(T), *vals, f"{worst:.2f}", pattern)
     console.print(tab)
     if args.markdown:
-        from gdn_fuzz.studies.precision import markdown
-
         with open(args.markdown, "w") as fh:
             fh.write(markdown(res))
     if args.json:
@@ -58,8 +59,6 @@ def cmd_precision(args) -> int:
 
 
 def cmd_unguarded(args) -> int:
-    from gdn_fuzz.studies.unguarded import run_all
-
     got = target_device_arms(args)
     if got is None:
         return 2
@@ -83,9 +82,6 @@ def _fmt_t(x):
 
 
 def cmd_mutants(args) -> int:
-    from gdn_fuzz import properties as _P
-    from gdn_fuzz.studies.mutation_score import production_mutants, reference_mutants, run_mutants, summary
-    from gdn_fuzz.targets.mutants import get_mutant
     names = args.only or (production_mutants() if args.base == "production" else reference_mutants())
     for n in names:
         get_mutant(n)  # unknown names fail before anything runs

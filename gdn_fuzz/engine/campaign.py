@@ -42,6 +42,9 @@ from gdn_fuzz.case import Case, Row
 from gdn_fuzz.checks import Finding
 from gdn_fuzz.properties import Property
 from gdn_fuzz.targets import Target
+from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.isolation import Worker
+from gdn_fuzz.properties import get_property
 
 
 class BudgetSpent(BaseException):
@@ -189,8 +192,6 @@ class Campaign:
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
-            from gdn_fuzz.engine.isolation import Worker
-
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight)
 
@@ -205,7 +206,6 @@ class Campaign:
         The launches are legal Cases (all rows real, each on its own slot, no window) checked
         by the `launch` property; their findings are not recorded (the campaign finds them).
         """
-        from gdn_fuzz.properties import get_property
 
         prop = get_property("launch")
         t0, c0 = time.monotonic(), self._compiles()
@@ -236,7 +236,6 @@ class Campaign:
     def _record(self, f: "CampaignFinding") -> None:
         if self.corpus_dir is None:
             return
-        from gdn_fuzz.engine import corpus
 
         try:
             f.entry_path, f.entry_new = corpus.write(

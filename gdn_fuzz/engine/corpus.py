@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdn_fuzz.case import Case
+from gdn_fuzz.checks import parse_launch
+from gdn_fuzz.engine.isolation import Worker
+from gdn_fuzz.properties import get_property
+from gdn_fuzz.targets import get_target
+from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
 
 FORMAT = "gdn_fuzz.corpus/2"
 ALLOW_PATHS_ENV = "GDN_FUZZ_ALLOW_TARGET_PATHS"
@@ -87,8 +92,6 @@ class Entry:
 
 
 def _mutant_needs_gpu(target: str) -> bool:
-    from gdn_fuzz.targets.mutants import CATALOGUE
-
     m = CATALOGUE.get(target.split(":", 1)[1])
     return m is not None and m.base == "production"
 
@@ -199,7 +202,6 @@ def _read_launch(d) -> dict | None:
     ValueError on anything malformed."""
     if d is None:
         return None
-    from gdn_fuzz.checks import parse_launch
 
     case, transform, params, note, changes = parse_launch(d)
     return dict(case=case.to_dict(), transform=transform, params=dict(params), note=note, changes=list(changes))
@@ -284,8 +286,6 @@ def check_replayable(entry: Entry, allow_paths: bool | None = None) -> None:
     if t in BUILTIN_TARGETS:
         return
     if t.startswith("mutant:"):
-        from gdn_fuzz.targets.mutants import get_mutant
-
         try:
             get_mutant(t.split(":", 1)[1])
         except ValueError as e:
@@ -306,8 +306,6 @@ def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", is
     choice, is not checked).  Crash entries (and isolate=True) run in a worker process
     (gdn_fuzz.engine.isolation), so a reproduced crash is a finding, not the end of the caller's process.
     """
-    from gdn_fuzz.properties import get_property
-    from gdn_fuzz.targets import get_target
 
     if target_name is None:
         check_replayable(entry, allow_paths)
@@ -315,8 +313,6 @@ def replay(entry: Entry, target_name: str | None = None, device: str = "cpu", is
     if isolate is None:
         isolate = is_crash(entry)
     if isolate:
-        from gdn_fuzz.engine.isolation import Worker
-
         w = Worker(name, device, name=f"replay-{os.getpid()}")
         try:
             return w.check(entry.prop, entry.case)

@@ -48,6 +48,8 @@ from pathlib import Path
 
 from gdn_fuzz.case import Case
 from gdn_fuzz.checks import Finding, Findings, normalize_message, raised
+from gdn_fuzz.properties import get_property
+from gdn_fuzz.targets import get_target
 
 _CTX = None
 CUDA_FATAL = ("illegal memory access", "an illegal instruction", "unspecified launch failure",
@@ -181,9 +183,6 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     # worker; dying here first would look like a crash of the case in flight.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        from gdn_fuzz.properties import get_property
-        from gdn_fuzz.targets import get_target
-
         target = get_target(target_name)
     except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))

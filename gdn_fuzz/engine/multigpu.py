@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from gdn_fuzz.engine import corpus
 
 
 def parse_gpus(spec: str) -> list[str]:
@@ -128,8 +129,6 @@ def run_on_gpus(args, corpus_dir: str | None, console) -> int:
               f"{wall:.1f}s (wall)", f"{tot['examples_per_s']:.1f}")
     console.print(t)
     if corpus_dir:
-        from gdn_fuzz.engine import corpus
-
         n = len(corpus.entries(corpus_dir)) if os.path.isdir(corpus_dir) else 0
         console.print(f"corpus {corpus_dir}: {n} entries")
         tot["corpus_entries"] = n

@@ -33,6 +33,10 @@ from dataclasses import dataclass, field
 
 from gdn_fuzz.case import W_RING, Case, Regime, materialize, row_edges
 from gdn_fuzz.checks import TRANSFORM_NAMES, Finding, case_changes, launch_record, parse_launch
+from gdn_fuzz.engine.isolation import Worker
+from gdn_fuzz.properties import get_property
+from gdn_fuzz.properties.contract import commit_case, gate_inputs, guard_case, guard_inputs
+from gdn_fuzz.properties.relations import METAMORPHIC_LAUNCHES, metamorphic_inputs, output_inputs, override_inputs
 
 OVERRIDABLE = ("flush_min", "restart_hist_on_flush")  # scalar keywords the "override" transformation may set
 
@@ -41,8 +45,6 @@ OVERRIDABLE = ("flush_min", "restart_hist_on_flush")  # scalar keywords the "ove
 
 
 def _override(case, inputs, params, device):
-    from gdn_fuzz.properties.relations import override_inputs
-
     bad = sorted(set(params) - set(OVERRIDABLE))
     if bad:
         raise ValueError(f"launch.params of 'override' may set only {', '.join(OVERRIDABLE)}; got {', '.join(bad)}")
@@ -50,37 +52,27 @@ def _override(case, inputs, params, device):
 
 
 def _output(case, inputs, params, device):
-    from gdn_fuzz.properties.relations import output_inputs
-
     return output_inputs(inputs, params)
 
 
 def _gate(case, inputs, params, device):
-    from gdn_fuzz.properties.contract import gate_inputs
-
     if not 0 <= int(params["v_head"]) < case.HV:
         raise ValueError(f"launch.params.v_head={params['v_head']!r} is out of range; legal: 0 <= v_head < HV={case.HV}")
     return gate_inputs(inputs, params)
 
 
 def _guard(case, inputs, params, device):
-    from gdn_fuzz.properties.contract import guard_inputs
-
     return guard_inputs(case, params["scenario"], device)
 
 
 def _metamorphic(name):
     def build(case, inputs, params, device):
-        from gdn_fuzz.properties.relations import metamorphic_inputs
-
         return metamorphic_inputs(name, case, inputs, params)
 
     return build
 
 
 def _transforms() -> dict:
-    from gdn_fuzz.properties.relations import METAMORPHIC_LAUNCHES
-
     out = {"override": _override, "output": _output, "extremes.gate": _gate, "guard": _guard}
     out.update({f"metamorphic.{n}": _metamorphic(n) for n in METAMORPHIC_LAUNCHES})
     return out
@@ -154,12 +146,8 @@ def effective_case(prop: str, case: Case) -> Case:
     """The Case property `prop` launches for `case` (commit: restart_hist_on_flush=True and pad
     rows' cursors; guards: restart_hist_on_flush=False; every other property: `case`)."""
     if prop == "commit":
-        from gdn_fuzz.properties.contract import commit_case
-
         return commit_case(case)
     if prop == "guards":
-        from gdn_fuzz.properties.contract import guard_case
-
         return guard_case(case)
     return case
 
@@ -236,15 +224,11 @@ def edge_neighbours(target, prop: str, case: Case, finding: Finding, device="cpu
     worker = None
     if check is None:
         if isolate:
-            from gdn_fuzz.engine.isolation import Worker
-
             worker = Worker(target.name, device, name="neighbours")
 
             def check(c):
                 return worker.check(prop, c)
         else:
-            from gdn_fuzz.properties import get_property
-
             p = get_property(prop)
 
             def check(c):
@@ -337,7 +321,6 @@ def emit_test(entry, path=None, *, target: str | None = None) -> str:
     the target (${TARGET_ENV}, default `target` or the entry's own) and asserts the entry's signature
     is NOT among the findings: it fails while the bug is present and passes once it is fixed.  A
     commit entry also gets a plain launch of the Case whose committed cursors are checked against C2."""
-    from gdn_fuzz.properties import get_property
 
     launch = entry_launch(entry)
     prop = get_property(entry.prop)

@@ -31,6 +31,8 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.targets import get_target
 from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
+from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+from gdn_fuzz.studies.baseline import run_baseline
 
 
 # ------------------------------------------------------------------ run_mutants
@@ -87,8 +89,6 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
     registered property).  Returns one dict per mutant (see the keys below); on_result(dict)
     is called as each finishes.
     """
-    from gdn_fuzz.studies.baseline import run_baseline
-    from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 
     names = list(names) if names else reference_mutants()
     if properties is None:

@@ -39,6 +39,7 @@ from gdn_fuzz.targets.loading import (  # noqa: F401  (re-exported: the public n
     check_fits,
     load_module,
 )
+from gdn_fuzz.targets.mutants import base_path, get_mutant, materialize_mutant
 
 __all__ = ["Target", "get_target", "default_target_name", "TargetUnavailable", "TargetMismatch", "ENTRY",
            "PRODUCTION_MODULE", "KERNEL_MODULE_ENV", "REFERENCE_PATH", "SM100_MODULE", "SM100_ENTRY",
@@ -104,8 +105,6 @@ def get_target(name: str) -> Target:
                 "when gdn_fuzz 0.1 was written); the sm100 target also needs a B200-class GPU (SM100)")
         return Target("sm100", p, entry=SM100_ENTRY, needs_cuda=True, min_sm=(10, 0))
     if name.startswith("mutant:"):
-        from gdn_fuzz.targets.mutants import base_path, get_mutant, materialize_mutant
-
         m = get_mutant(name.split(":", 1)[1])
         base_is_prod = m.base == "production"
         base_path(m)  # raises TargetUnavailable when the production file is absent

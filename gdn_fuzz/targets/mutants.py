@@ -17,6 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from gdn_fuzz.targets.loading import REFERENCE_PATH, resolve_production_path
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,6 @@ def _mutant_dir() -> Path:
 
 
 def base_path(m: Mutant) -> Path:
-    from gdn_fuzz.targets.loading import REFERENCE_PATH, resolve_production_path
-
     return REFERENCE_PATH if m.base == "reference" else resolve_production_path()
 
 
