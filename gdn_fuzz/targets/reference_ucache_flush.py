@@ -28,26 +28,22 @@ elif _IO_ENV in ("bf16", "bfloat16"):
     IO_TORCH = torch.bfloat16
 else:
     raise ValueError(f"GDN_UCACHE_IO_DTYPE={_IO_ENV!r} unsupported: use 'bf16' or 'fp16'.")
-_ST_ENV = os.environ.get("GDN_UCACHE_STATE_DTYPE", "").strip().lower()
-if _ST_ENV in ("", _IO_ENV):
-    ST_TORCH = IO_TORCH
-elif _ST_ENV in ("fp16", "float16", "half") and IO_TORCH is torch.bfloat16:
-    ST_TORCH = torch.float16
-else:
-    raise ValueError(
-        f"GDN_UCACHE_STATE_DTYPE={_ST_ENV!r} with IO={_IO_ENV!r} unsupported: "
-        "state dtype must equal the IO dtype, or be 'fp16' with bf16 IO."
-    )
-_RING_ENV = os.environ.get("GDN_UCACHE_RING_DTYPE", "").strip().lower()
-if _RING_ENV in ("", _IO_ENV):
-    RING_TORCH = IO_TORCH
-elif _RING_ENV in ("fp16", "float16", "half") and IO_TORCH is torch.bfloat16:
-    RING_TORCH = torch.float16
-else:
-    raise ValueError(
-        f"GDN_UCACHE_RING_DTYPE={_RING_ENV!r} with IO={_IO_ENV!r} unsupported: "
-        "ring dtype must equal the IO dtype, or be 'fp16' with bf16 IO."
-    )
+
+
+def _narrow_dtype(var: str, what: str) -> torch.dtype:
+    """STATE / RING dtype (D1): the IO dtype, or fp16 beside bf16 IO."""
+    env = os.environ.get(var, "").strip().lower()
+    if env in ("", _IO_ENV):
+        return IO_TORCH
+    if env in ("fp16", "float16", "half") and IO_TORCH is torch.bfloat16:
+        return torch.float16
+    raise ValueError(f"{var}={env!r} with IO={_IO_ENV!r} unsupported: "
+                     f"{what} dtype must equal the IO dtype, or be 'fp16' with bf16 IO.")
+
+
+_ST_ENV = os.environ.get("GDN_UCACHE_STATE_DTYPE", "").strip().lower()  # named in the H4 message
+ST_TORCH = _narrow_dtype("GDN_UCACHE_STATE_DTYPE", "state")
+RING_TORCH = _narrow_dtype("GDN_UCACHE_RING_DTYPE", "ring")
 # D2: q_hat/k_hat are stored fp16 only in the combined state+ring fp16 mode.
 PACK_TORCH = torch.float16 if (ST_TORCH is torch.float16 and RING_TORCH is torch.float16
                                and IO_TORCH is torch.bfloat16) else IO_TORCH
