@@ -3,6 +3,8 @@
 # known production bugs as xfails, and a 300 s campaign must report no new finding.
 #   bash tools/h200_triage.sh setup suite        (first call: carries .gpu, unpacks it to /tmp/gdn)
 #   bash tools/h200_triage.sh campaign           (next call, within 30 s: /tmp/gdn must still be there)
+#   bash tools/h200_triage.sh setup before suite (issue 16: the suite of an earlier commit, then this tree's;
+#        .gpu/before-REV.tar.xz is `git archive REV -- . ':!docs' | xz`, carried with the bundle)
 # Logs under $OUT/r/.  The committed corpus is copied to $OUT/r/corpus, so its open production
 # entries are the known bugs and anything new lands in the copy.
 set -uo pipefail
@@ -26,6 +28,18 @@ for step in "$@"; do
         python3 -c "import torch,sys,hypothesis; print(sys.version); print('torch', torch.__version__, 'hypothesis', hypothesis.__version__)"
         cat /tmp/gdn/site/BUNDLE_VERSIONS 2>/dev/null; git log -1 --format='commit %H %s' 2>/dev/null; } > "$R/env.txt" 2>&1
       cp -r corpus "$R/corpus" ;;
+    before)
+      [ -d /tmp/gdn/site ] || { echo "bundle gone from /tmp/gdn"; exit 3; }
+      arc=$(ls .gpu/before-*.tar.xz 2>/dev/null | head -1)
+      [ -n "$arc" ] || { echo "no .gpu/before-REV.tar.xz carried"; exit 3; }
+      rev=$(basename "$arc" .tar.xz); rm -rf /tmp/before && mkdir -p /tmp/before && xz -d < "$arc" | tar x -C /tmp/before
+      here=$PWD; cp -r /tmp/before/corpus "$R/corpus-$rev"
+      ( cd /tmp/before && python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install-$rev.log" 2>&1 &&
+        PYTHONPATH=/tmp/gdn/site:/tmp/gdn/site/nvidia_cutlass_dsl/dsl_packages:/tmp/before \
+        timeout "${SUITE_S:-420}" python3 -m pytest tests -n "${SUITE_N:-4}" -p no:cacheprovider -q -rfEx \
+          --gdn-target production --gdn-corpus "$R/corpus-$rev" --durations=10 > "$R/before.txt" 2>&1
+        echo "before ($rev) rc=$?" )
+      cd "$here" && python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 ;;
     suite)
       [ -d /tmp/gdn/site ] || { echo "bundle gone from /tmp/gdn"; exit 3; }
       timeout "${SUITE_S:-420}" python3 -m pytest tests -n "${SUITE_N:-4}" -p no:cacheprovider -q -rfEx \
