@@ -238,8 +238,14 @@ class Observation:
     from_case: bool = False  # inputs are materialize(case): their cursors are the Case's rows
 
 
-def snapshot(inputs: dict) -> dict:
+def clone_inputs(inputs: dict) -> dict:
+    """A private copy of a launch's keyword arguments: every tensor cloned, anything else kept
+    (a launch writes the rings, the pool and the cursors in place).  The one clone helper of
+    the properties (gdn_fuzz.properties) and of observe()'s "before" snapshot."""
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+snapshot = clone_inputs  # observe()'s name for the copy of the inputs taken before the launch
 
 
 def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,

@@ -1,8 +1,10 @@
 """Hypothesis strategies for gdn_fuzz (installed as gdn_fuzz.strategies).
 
-cases()       one legal launch of the entry point (gdn_fuzz.case.Case)
+cases()       one legal launch of the entry point (gdn_fuzz.case.Case); need= "switchable" or
+              "flush" asks for one row that some legal flush_min reroutes, or one flush row
 regimes()     value regimes (norms, decay, beta, keys, history, poison)
-hist_lens(), cache_bases(), flush_mins(), rows_for()   the pieces, for custom strategies
+hist_lens(), switchable_hist_lens(), flush_hist_lens(), cache_bases(), flush_mins(), rows_for()
+              the pieces, for custom strategies
 case_events() coverage labels for hypothesis.event()
 """
 
@@ -10,15 +12,19 @@ from ._cases import (  # noqa: F401
     BUCKETS,
     CPU_GEOMETRIES,
     GPU_GEOMETRIES,
+    NEEDS,
     cache_bases,
     case_events,
     cases,
+    flush_hist_lens,
     flush_mins,
     geometries_for,
     hist_lens,
     regimes,
     rows_for,
+    switchable_hist_lens,
 )
 
-__all__ = ["BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "cache_bases", "case_events", "cases", "flush_mins",
-           "geometries_for", "hist_lens", "regimes", "rows_for"]
+__all__ = ["BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "NEEDS", "cache_bases", "case_events", "cases",
+           "flush_hist_lens", "flush_mins", "geometries_for", "hist_lens", "regimes", "rows_for",
+           "switchable_hist_lens"]

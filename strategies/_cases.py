@@ -10,6 +10,10 @@ flush_min + 1, 16 and any value in [0, 16]; bases 0, 31, 32 - P (window ends exa
 the wrap), wrapped windows (base + P > 32) and any value in [0, 32).
 Batches are padded with pad rows (slot -1) to a power-of-two bucket, so the production
 kernel compiles once per (arm, T, bucket, geometry) (contract D4).
+
+A property that needs something of the Case asks for it with need= (one real row that some
+legal flush_min switches, for routing; one flush row, for the fold measurements of the
+precision study), so that its examples rarely exercise nothing.
 """
 
 from __future__ import annotations
@@ -98,13 +102,44 @@ def regimes(draw, poison=None):
     )
 
 
+@lru_cache(maxsize=None)
+def switchable_hist_lens(T: int, fmin: int):
+    """P in [1, 16 - T]: a row that some legal flush_min in [1, 17 - T] routes the other way
+    (P = 0 never flushes, P >= 17 - T always does), with the routing edges drawn explicitly."""
+    hi = W_RING - T
+    edges = sorted({p for p in (1, fmin - 1, fmin, fmin + 1, hi) if 1 <= p <= hi})
+    return st.one_of(st.sampled_from(edges), st.integers(1, hi))
+
+
+@lru_cache(maxsize=None)
+def flush_hist_lens(fmin: int):
+    """P in [flush_min, 16]: a flush row (M7), with its edges drawn explicitly."""
+    edges = sorted({fmin, min(fmin + 1, W_RING), W_RING})
+    return st.one_of(st.sampled_from(edges), st.integers(fmin, W_RING))
+
+
+# need= of cases()/rows_for(): what the first real row must be (the rows are permuted afterwards)
+NEEDS = ("switchable", "flush")
+
+
+def _needed_hist_lens(need: str, T: int, fmin: int):
+    if need == "switchable":
+        return switchable_hist_lens(T, fmin)
+    if need == "flush":
+        return flush_hist_lens(fmin)
+    raise ValueError(f"need={need!r} is unknown; use None or one of {', '.join(NEEDS)}")
+
+
 @st.composite
-def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int):
-    """n_real rows on distinct, permuted pool slots, padded with pad rows to `bucket`."""
+def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None):
+    """n_real rows on distinct, permuted pool slots, padded with pad rows to `bucket`.
+
+    need: None, or what one real row must be: "switchable" (1 <= P <= 16 - T: some legal
+    flush_min switches its route) or "flush" (P >= flush_min).  The other rows are free."""
     slots = draw(_perms(pool))[:n_real]
     real = []
-    for s in slots:
-        P = draw(hist_lens(fmin))
+    for i, s in enumerate(slots):
+        P = draw(hist_lens(fmin) if need is None or i else _needed_hist_lens(need, T, fmin))
         real.append(Row(slot=s, hist_len=P, cache_base=draw(cache_bases(P))))
     pads = [Row(slot=-1, hist_len=0, cache_base=0)] * (bucket - n_real)
     order = draw(_perms(bucket))
@@ -114,8 +149,13 @@ def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int):
 
 @st.composite
 def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=BUCKETS,
-          restart=(False,), poison=None, max_extra_pool: int = 6):
-    """One legal launch: every cursor in range, distinct slots, pad rows to a bucket size."""
+          restart=(False,), poison=None, max_extra_pool: int = 6, need: str | None = None):
+    """One legal launch: every cursor in range, distinct slots, pad rows to a bucket size.
+
+    need: None (default: every row free), "switchable" (at least one real row that some legal
+    flush_min routes the other way: routing) or "flush" (at least one flush row: the fold)."""
+    if need is not None and need not in NEEDS:
+        raise ValueError(f"need={need!r} is unknown; use None or one of {', '.join(NEEDS)}")
     arm = draw(_sampled(tuple(arms)))
     T = draw(_sampled(tuple(Ts)))
     H, HV = draw(_sampled(tuple(geometries)))
@@ -124,7 +164,7 @@ def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets
     pool = n_real + draw(_ints(0, max_extra_pool))
     fm = draw(flush_mins(T))
     fmin = fm if fm is not None else W_RING - T + 1
-    rows = draw(_rows(T, fmin, bucket, pool, n_real))
+    rows = draw(_rows(T, fmin, bucket, pool, n_real, need))
     return Case(arm=arm, T=T, H=H, HV=HV, pool=pool, rows=rows, flush_min=fm,
                 restart_hist_on_flush=draw(_sampled(tuple(restart))),
                 regime=draw(_regimes(poison)), seed=draw(_SEEDS))
@@ -134,8 +174,8 @@ _SEEDS = st.integers(0, 2**32 - 1)
 
 
 @lru_cache(maxsize=None)
-def _rows(T: int, fmin: int, bucket: int, pool: int, n_real: int):
-    return rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real)
+def _rows(T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None):
+    return rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real, need=need)
 
 
 @lru_cache(maxsize=None)

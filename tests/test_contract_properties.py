@@ -1,29 +1,121 @@
-"""Host guards, the standalone commit and extreme gates, against the selected target
-(reference on the CPU, production on a GPU with --gdn-target production).
+"""Host guards, the standalone commit and extreme gates (gdn_fuzz.properties.contract: guards
+H4/H6/H9-H11/H13/H14, commit C2, extremes N2 as containment).
 
-These three properties (gdn_fuzz.properties.contract: guards H4/H6/H9-H11/H13/H14, commit C2, extremes N2
-as containment) were written to kill catalogued mutants; here Hypothesis draws the Cases and
-each must hold on the target itself.  A failure is recorded to the corpus like any other; a
-known bug of the target (an open corpus entry) makes the test an xfail naming the entry.
+These properties were written to kill catalogued mutants; here Hypothesis draws the Cases and
+each must hold.  A failure is recorded to the corpus like any other; a known bug of the target
+(an open corpus entry) makes the test an xfail naming the entry.
+
+What each test compares
+-----------------------
+commit, extremes   the selected target (reference on the CPU, production on a GPU with
+                   --gdn-target production) against the contract: the standalone commit
+                   oracle (C2) and the float64 oracle (N2).
+guards             the guards property compares a target's exception type for each illegal
+                   call with the exception type the *reference target* raises for the same
+                   call.  Run on the reference itself (the CI default) that compares the
+                   reference with itself and cannot fail, so the guards test has two rows:
+  [selected]       the selected target vs the reference; skipped, saying so, when the
+                   selected target is the reference;
+  [independent]    the reference vs tests/targets/independent_ucache_flush.py, an
+                   independent float64 target written from the contract (no code shared with
+                   the reference), in both directions: the independent target must raise the
+                   reference's exception type, and the reference must raise the independent
+                   target's.  A guard missing or changed in either (a scenario one of them
+                   accepts, another exception type) fails it, on CI too.
+test_guards_find_planted_guard_bugs shows that: each catalogued guard mutant of the reference
+(gdn_fuzz.targets.mutants, prop "guard.*") put in the reference's place, and a guard bug planted
+in a copy of the independent target, are found by the comparison.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from gdn_fuzz.case import Case, Row
 from gdn_fuzz.properties import get_property
+from gdn_fuzz.properties.contract import check_guards
 from gdn_fuzz.strategies import case_events, geometries_for
+from gdn_fuzz.targets import get_target
+from gdn_fuzz.targets.mutants import CATALOGUE
+
+INDEPENDENT = Path(__file__).parent / "targets" / "independent_ucache_flush.py"
+
+FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # gdn_verdict spans examples
 
 
-@pytest.mark.parametrize("prop", ["guards", "commit", "extremes"])
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_contract_property_holds(target_under_test, gdn_verdict, prop, data):
-    target, arms, device = target_under_test
-    p = get_property(prop)
-    case = data.draw(p.strategy(arms=arms, geometries=geometries_for(target)))
+def _draw(data, prop, target, arms):
+    case = data.draw(get_property(prop).strategy(arms=arms, geometries=geometries_for(target)), label="case")
     for e in case_events(case):
         event(e)
-    gdn_verdict(prop, case, p.check(target, case, device), target.name)
+    return case
+
+
+@pytest.mark.parametrize("prop", ["commit", "extremes"])
+@FIXTURE_OK
+@given(data=st.data())
+def test_contract_property_holds(target_under_test, gdn_verdict, prop, data):
+    """commit (C2) and extremes (N2): the selected target against the contract's oracles."""
+    target, arms, device = target_under_test
+    case = _draw(data, prop, target, arms)
+    gdn_verdict(prop, case, get_property(prop).check(target, case, device), target.name)
+
+
+@pytest.mark.parametrize("subject", ["selected", "independent"])
+@FIXTURE_OK
+@given(data=st.data())
+def test_guards_raise_the_same_exception_types(target_under_test, gdn_verdict, subject, data):
+    """guards (H4, H6, H9-H11, H13, H14): for every illegal call of the guards property,
+    [selected]: the selected target raises the reference target's exception type (skipped when the
+    selected target is the reference: it would be compared with itself);
+    [independent]: the independent float64 target raises the reference's exception type, and the
+    reference raises the independent target's (both directions, so a guard missing in either fails)."""
+    target, arms, device = target_under_test
+    ref = get_target("reference")
+    if subject == "selected":
+        if target.name == ref.name:
+            pytest.skip("the selected target is the reference: guards would compare the reference's exception "
+                        "types with its own and prove nothing; the [independent] row compares it with "
+                        "tests/targets/independent_ucache_flush.py")
+        case = _draw(data, "guards", target, arms)
+        gdn_verdict("guards", case, check_guards(target, case, device), target.name)
+        return
+    indep = get_target(str(INDEPENDENT))
+    case = _draw(data, "guards", target, arms)
+    gdn_verdict("guards", case, check_guards(indep, case, device), indep.name)  # independent vs reference
+    gdn_verdict("guards", case, check_guards(ref, case, device, expected=indep), ref.name)  # reference vs independent
+
+
+GUARD_MUTANTS = sorted(n for n, m in CATALOGUE.items() if m.base == "reference" and m.prop.startswith("guard."))
+GUARD_CASE = Case(arm="bf16", T=4, H=1, HV=2, pool=4,
+                  rows=(Row(2, 13, 25), Row(0, 5, 20), Row(-1), Row(1, 0, 31)), seed=7)
+# a guard bug planted in a copy of the independent target: the draft-count check written T <= 8
+INDEPENDENT_GUARD_T = ("    if n_tok not in (4, 8):\n", "    if n_tok > 8:\n")
+
+
+@pytest.mark.parametrize("name", GUARD_MUTANTS)
+def test_guards_find_planted_guard_bugs(name, tmp_path):
+    """The [independent] comparison can fail: a catalogued guard mutant of the reference put in the
+    reference's place is found against the independent target's exception types (its expected
+    guard.<clause> finding), and the unmodified pair agrees on the same case."""
+    indep = get_target(str(INDEPENDENT))
+    assert check_guards(get_target("reference"), GUARD_CASE, "cpu", expected=indep) == []
+    assert check_guards(indep, GUARD_CASE, "cpu") == []
+    found = check_guards(get_target(f"mutant:{name}"), GUARD_CASE, "cpu", expected=indep)
+    want = CATALOGUE[name].prop
+    assert any(f.prop.startswith(want) for f in found), (name, want, [str(f) for f in found])
+
+
+def test_guards_find_a_guard_bug_planted_in_the_independent_target(tmp_path):
+    """The other direction: the independent target with its T check written T <= 8 is found by the
+    guards property against the reference (guard.H13.T: T = 6 returns normally)."""
+    old, new = INDEPENDENT_GUARD_T
+    src = INDEPENDENT.read_text()
+    assert src.count(old) == 1, "the independent target's T check changed; update INDEPENDENT_GUARD_T"
+    planted = tmp_path / "independent_guard_T.py"
+    planted.write_text(src.replace(old, new))
+    found = check_guards(get_target(str(planted)), GUARD_CASE, "cpu")
+    assert [f.prop for f in found] == ["guard.H13.T"], [str(f) for f in found]

@@ -1,12 +1,38 @@
-"""What a property is: a name, the contract clauses it covers, a strategy factory and a check."""
+"""What a property is: a name, the contract clauses it covers, a strategy factory and a check.
+
+A check that a drawn Case cannot exercise (no row switches route, a relation that needs two live
+rows, a mode the target refuses) returns no finding and says so with not_exercised(): a
+Hypothesis event, so Hypothesis' statistics (pytest --hypothesis-show-statistics) show how many
+examples checked nothing instead of counting them as passes.  A property whose check needs
+something of the Case (a row that can switch route, a flush row) draws it with its own
+strategy factory (Property.strategy), so that such examples stay rare.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hypothesis import event
+from hypothesis.errors import InvalidArgument
+
 from gdn_fuzz.case import Case
 from gdn_fuzz.targets import Target
+
+
+def note(label: str) -> None:
+    """hypothesis.event(label) inside a Hypothesis test (a campaign round, a @given test); a no-op
+    anywhere else (a plain call, an isolated worker process, the reproducer)."""
+    try:
+        event(label)
+    except InvalidArgument:  # "Cannot record events outside of a test"
+        pass
+
+
+def not_exercised(prop: str, why: str) -> None:
+    """Record that this example checked nothing of `prop` (and why): the check returns no finding,
+    which must not read as a pass."""
+    note(f"{prop}: nothing exercised: {why}")
 
 
 def launch_cases(**kw):

@@ -31,10 +31,10 @@ import random
 
 import torch
 
-from gdn_fuzz.properties.base import Property
+from gdn_fuzz.properties.base import Property, not_exercised
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, expectation, launch_record,
-                     observe, oracle_metrics, raised, same_bits)
+from gdn_fuzz.checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, clone_inputs, expectation,
+                             launch_record, observe, oracle_metrics, raised, same_bits)
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.targets import Target, get_target
 
@@ -44,21 +44,12 @@ _OTHER_IO = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
 # ------------------------------------------------------------------ helpers
 
 
-def _clone(inputs: dict) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-
-
 def _call(target: Target, arm: str, kwargs: dict):
     """(returned, exception) of one entry-point call."""
     try:
         return target.launch(arm, **kwargs), None
     except Exception as e:  # noqa: BLE001 - the exception is the observation
         return None, e
-
-
-def _append_slots(inputs: dict, T: int) -> torch.Tensor:
-    base, P = inputs["cache_base"].long(), inputs["hist_len"].long()
-    return (base[:, None] + P[:, None] + torch.arange(T, device=base.device)[None, :]) & 31
 
 
 # ------------------------------------------------------------------ guards (H*)
@@ -71,7 +62,7 @@ def _guard_scenarios(case: Case, device):
     io = base["q"].dtype
 
     def kw(**over):
-        d = _clone(base)
+        d = clone_inputs(base)
         d.update(over)
         return d
 
@@ -113,32 +104,37 @@ def guard_inputs(case: Case, scenario: str, device="cpu") -> dict:
                      f"{', '.join(s for s, *_ in _guard_scenarios(case, device))}")
 
 
-def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
+def check_guards(target: Target, case: Case, device="cpu", expected: Target | None = None) -> list[Finding]:
     """H4, H6, H9-H11, H13, H14: every illegal call raises the reference target's exception type.
 
-    The expectation is what the reference target raises for the very same call (a scenario
-    the reference accepts is skipped), so the property follows the reference's host checks.
-    The contract fixes the exception type and the clause, not the wording: messages are
-    reported, never compared.  Check id guard.<clause>.<scenario>.  Each finding carries its
-    call (Finding.launch): guard_case(case) and the transformation "guard" {"scenario": id}.
+    The expectation is what the reference target (or `expected`, another target: a test that
+    compares the reference itself with an independent implementation) raises for the very
+    same call; a scenario the expectation accepts is skipped (Hypothesis event "guards: nothing
+    exercised: ..."), so the property follows the reference's host checks.  Compared with
+    itself (target is the reference) the property proves nothing.  The contract fixes the
+    exception type and the clause, not the wording: messages are reported, never compared.
+    Check id guard.<clause>.<scenario>.  Each finding carries its call (Finding.launch):
+    guard_case(case) and the transformation "guard" {"scenario": id}.
     """
-    ref = get_target("reference")
+    ref = get_target("reference") if expected is None else expected
+    who = "the reference" if expected is None else f"the expected target {expected.name}"
     gcase = guard_case(case)
     out = []
     for sid, name, clause, kwargs in _guard_scenarios(case, device):
-        _, want = _call(ref, case.arm, _clone(kwargs))
+        _, want = _call(ref, case.arm, clone_inputs(kwargs))
         if want is None:
+            not_exercised("guards", f"scenario {sid}: {who} accepts it")
             continue
         _, got = _call(target, case.arm, kwargs)
         rec = launch_record(gcase, "guard", {"scenario": sid}, given=case,
                             note=f"the illegal call guard {sid!r}: {name}, on the inputs of the case")
         if got is None:
-            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) returned normally; the "
-                               f"reference raises {type(want).__name__}: {str(want)[:120]}",
+            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) returned normally; "
+                               f"{who} raises {type(want).__name__}: {str(want)[:120]}",
                                outcome="returned normally", launch=rec))
         elif type(got) is not type(want):
             out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
-                               f"{str(got)[:120]}; the reference raises {type(want).__name__}",
+                               f"{str(got)[:120]}; {who} raises {type(want).__name__}",
                                outcome=raised(got), launch=rec))
     return out
 
@@ -186,14 +182,14 @@ def check_commit(target: Target, case: Case, device="cpu") -> list[Finding]:
     """
     ccase = commit_case(case)
     inputs = commit_inputs(case, device)
-    before = _clone(inputs)
+    before = clone_inputs(inputs)
     plain = launch_record(ccase, given=case)
     twin = launch_record(ccase, given=case, note="compared with the same inputs launched with "
                                                  "restart_hist_on_flush=False")
     off = launch_record(ccase, "override", {"restart_hist_on_flush": False}, given=case,
                         note="the same inputs launched with restart_hist_on_flush=False")
-    a = observe(target, dataclasses.replace(ccase, restart_hist_on_flush=False), device, inputs=_clone(inputs))
-    b = observe(target, ccase, device, inputs=dict(_clone(inputs), restart_hist_on_flush=True))
+    a = observe(target, dataclasses.replace(ccase, restart_hist_on_flush=False), device, inputs=clone_inputs(inputs))
+    b = observe(target, ccase, device, inputs=dict(clone_inputs(inputs), restart_hist_on_flush=True))
     for obs, tag, rec in ((a, "restart_hist_on_flush=False", off), (b, "restart_hist_on_flush=True", plain)):
         if obs.error is not None:
             return [Finding("commit.launch", "H*", f"a legal launch ({tag}) raised {type(obs.error).__name__}: "

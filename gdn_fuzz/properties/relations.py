@@ -14,7 +14,9 @@ same checks run against the CPU reference target and the production kernel on a 
 routing          (M7, M8) the case again with flush_min moved so that at least one row
                  switches between flush and verify.  y and the appended k/u records must be
                  bit-identical (same instruction path); only the switched rows' g appends and
-                 pool rows may differ; every other element keeps its bits.
+                 pool rows may differ; every other element keeps its bits.  Only a row with
+                 1 <= P <= 16 - T can switch (P = 0 never flushes, P >= 17 - T always does):
+                 the property's strategy (routing_cases) draws one in every Case.
 determinism      (R1-R3) the same inputs launched twice give the same output bits and the same
                  buffers after; and, without launching, the case's ring read set (the
                  windows) and write set (the appends) are disjoint (R2).
@@ -35,8 +37,16 @@ metamorphic      transformations the math is blind to, each compared with the ba
   strided_ab     (table 1.1) a/b as views of a fused [B, T, 2*HV + pad] tensor: the same;
   strided_pool   (H8, H16) the pool and rings as dim-0 block-strided views of larger pages
                  give the same bits and leave the rest of each page untouched.  A target that
-                 refuses the mode with NotImplementedError (H16: it needs
-                 SGLANG_GDN_WY_STRIDED_QKV=1 at import) records nothing for it.
+                 refuses the mode with NotImplementedError (H16 allows it: the mode needs
+                 SGLANG_GDN_WY_STRIDED_QKV=1 at import; the reference, the independent target
+                 and the released module imported without it all refuse) cannot be checked:
+                 no finding, and the example records the Hypothesis event "metamorphic.strided_pool:
+                 nothing exercised: ..." (strided_pool_refusal tells a test beforehand).
+
+A relation that a Case cannot exercise (routing with no switchable row, batch_perm with one
+row, pool_relabel with one pool slot, isolation with one live row, strided_pool refused)
+returns no finding and records a Hypothesis event saying so (properties.base.not_exercised):
+the statistics show how many examples checked nothing instead of counting them as passes.
 
 Transformations choose their permutations, rows and offsets with a random.Random seeded from
 the case's seed and the relation's name, so a Case replays exactly.  Every check has the
@@ -52,10 +62,10 @@ import random
 import torch
 
 from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, materialize
-from gdn_fuzz.checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes, launch_record,
-                     observe, raised, same_bits)
+from gdn_fuzz.checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes,
+                             clone_inputs, launch_record, observe, raised, same_bits)
 from gdn_fuzz.oracles import ring as ring_oracle
-from gdn_fuzz.properties.base import Property
+from gdn_fuzz.properties.base import Property, launch_cases, not_exercised
 from gdn_fuzz.targets import Target
 
 POOL_KEYS = ("initial_state_source", "k_cache", "u_cache", "g_cache")  # indexed by pool slot
@@ -69,13 +79,9 @@ BUFFER_CLAUSE = {"initial_state_source": "M7", "k_cache": "M5", "u_cache": "M5",
 # ------------------------------------------------------------------ helpers
 
 
-def _clone(inputs: dict) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-
-
 def _run(target: Target, case: Case, device, inputs: dict, output=None) -> Observation:
     """One launch on a private copy of `inputs` (the caller's dict and tensors stay untouched)."""
-    return observe(target, case, device, inputs=_clone(inputs), output=output)
+    return observe(target, case, device, inputs=clone_inputs(inputs), output=output)
 
 
 def _rng(case: Case, name: str) -> random.Random:
@@ -152,8 +158,9 @@ def _buffers_diff(prop: str, got: dict, want: dict, keys, what: str, *, masks: d
     return out
 
 
-def _append_slots(inputs: dict, T: int) -> torch.Tensor:
-    """[B, T] ring slots (base + P + s) & 31 of every row's appends (M5)."""
+def append_slots(inputs: dict, T: int) -> torch.Tensor:
+    """[B, T] ring slots (base + P + s) & 31 of every row's appends (M5), from the launch's
+    cursors before the call (the one definition: the precision study uses it too)."""
     base = inputs["cache_base"].long()
     P = inputs["hist_len"].long()
     return (base[:, None] + P[:, None] + torch.arange(T, device=base.device)[None, :]) & (RING_SLOTS - 1)
@@ -181,7 +188,8 @@ def _one_cycle(rng: random.Random, n: int) -> list[int]:
 
 def alternate_flush_min(case: Case) -> int | None:
     """A legal flush_min in [1, 17 - T] that switches the most non-pad rows between flush and
-    verify (the closest to the case's own on ties); None when no legal value switches any."""
+    verify (the closest to the case's own on ties); None when no legal value switches any
+    (every non-pad row has P = 0, which never flushes, or P >= 17 - T, which always does)."""
     hi = W_RING - case.T + 1
     Ps = [r.hist_len for r in case.rows if not r.pad]
     fmin = case.fmin
@@ -209,7 +217,10 @@ def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
     appends (M6: local restart) and the pool row (M7: the fold); every other element of the
     rings and pool keeps its bits in both runs (M8, via checks.check_writes).  With
     restart_hist_on_flush=True the committed cursors of rows that kept their route are
-    bit-identical too (C2).  No legal flush_min switches any row: no finding.
+    bit-identical too (C2).  No legal flush_min switches any row: nothing to compare, no
+    finding, and the Hypothesis event "routing: nothing exercised: ..." (routing_cases, the
+    property's strategy, draws a switchable row in every Case, so this happens only to Cases
+    drawn by other strategies or replayed).
 
     Findings carry their launch (Finding.launch): the second run is the transformation
     "override" with {"flush_min": f2} of the case's inputs; a write-set finding of the first
@@ -217,6 +228,7 @@ def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
     """
     f2 = alternate_flush_min(case)
     if f2 is None:
+        not_exercised("routing", "no legal flush_min switches a row (every live row has P = 0 or P >= 17 - T)")
         return []
     plain = launch_record(case)
     inputs, a, bad = _base(target, case, device, "routing")
@@ -243,7 +255,7 @@ def check_routing(target: Target, case: Case, device="cpu") -> list[Finding]:
     idx = inputs["initial_state_indices"].long()
     g_ok = torch.zeros(pool_n, RING_SLOTS, dtype=torch.bool, device=P.device)
     sw_rows = idx[switched]
-    sl = _append_slots(inputs, case.T)[switched]
+    sl = append_slots(inputs, case.T)[switched]
     g_ok[sw_rows[:, None].expand_as(sl), sl] = True
     pool_ok = torch.zeros(pool_n, dtype=torch.bool, device=P.device)
     pool_ok[sw_rows] = True
@@ -443,6 +455,7 @@ def batch_perm(target, case, device, inputs, a) -> list[Finding]:
     same pool and rings; committed cursors are permuted with their rows."""
     params = batch_perm_params(case)
     if params is None:
+        not_exercised("metamorphic.batch_perm", "one batch row")
         return []
     perm = params["perm"]
     pt = torch.tensor(perm, device=inputs["q"].device)
@@ -500,6 +513,7 @@ def slot_move(target, case, device, inputs, a) -> list[Finding]:
     slot after equals the old slot after, and the vacated slot keeps its NaN."""
     params = slot_move_params(case)
     if params is None:
+        not_exercised("metamorphic.slot_move", "no live row")
         return []
     r, u, pool2 = params["row"], params["to"], params["pool"]
     s = case.rows[r].slot
@@ -551,6 +565,7 @@ def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
     buffers after the same way."""
     params = pool_relabel_params(case)
     if params is None:
+        not_exercised("metamorphic.pool_relabel", "one pool slot")
         return []
     sigma = params["sigma"]
     st = torch.tensor(sigma, device=inputs["q"].device)
@@ -599,6 +614,7 @@ def isolation(target, case, device, inputs, a) -> list[Finding]:
     of the padded rows is touched."""
     groups = isolation_params(case)
     if groups is None:
+        not_exercised("metamorphic.isolation", "fewer than two live rows")
         return []
     out = []
     dev = inputs["q"].device
@@ -664,6 +680,7 @@ def rotation(target, case, device, inputs, a) -> list[Finding]:
     rolled by r, the pool is unchanged and the committed cache_base is shifted by r."""
     params = rotation_params(case)
     if params is None:
+        not_exercised("metamorphic.rotation", "no live row")
         return []
     rot = {i: r for i, r in params["rotations"]}
     shift = torch.zeros(case.B, dtype=torch.int32, device=inputs["q"].device)
@@ -722,7 +739,7 @@ def fused_ab(inputs: dict, pad: int = 64) -> dict:
 def _run_views(target, case, device, inputs: dict, make) -> tuple[Observation, dict]:
     """A launch on views built by make(cloned inputs); returns the observation and the views
     (observe's `after` holds the views, so the caller sees what the launch wrote)."""
-    kw = make(_clone(inputs))
+    kw = make(clone_inputs(inputs))
     return observe(target, case, device, inputs=kw), kw
 
 
@@ -801,17 +818,33 @@ def strided_pool_inputs(case: Case, inputs: dict, params: dict):
     return case, _strided_pool_views(inputs, params, {})
 
 
+STRIDED_POOL_REFUSED = ("the target refuses block-strided pools with NotImplementedError (H16 allows it: the mode "
+                        "needs SGLANG_GDN_WY_STRIDED_QKV=1 at import)")
+
+
+def strided_pool_refusal(target: Target, case: Case, device="cpu") -> NotImplementedError | None:
+    """The NotImplementedError the target raises for the case's strided_pool launch (H16: the
+    strided mode is off in this module instance), or None when it accepts the launch: a test
+    skips the relation, with this reason, rather than pass without checking it."""
+    params = strided_pool_params(case)
+    b, _ = _run_views(target, case, device, materialize(case, device),
+                      lambda kw: _strided_pool_views(kw, params, {}))
+    return b.error if isinstance(b.error, NotImplementedError) else None
+
+
 def strided_pool(target, case, device, inputs, a) -> list[Finding]:
     """H8, H16: the pool and rings as block-strided views of larger pages (dim-0 stride twice
     the dense one, inner dims dense, as paged serving layouts do) with q/k/v/a/b as fused views
     (the strided mode wants slices sharing a token stride) give the same bits as compact
     tensors, and the rest of every page keeps its NaN.  NotImplementedError (H16: the mode
-    needs SGLANG_GDN_WY_STRIDED_QKV=1 at import) records nothing."""
+    needs SGLANG_GDN_WY_STRIDED_QKV=1 at import) is allowed: nothing is checked then, no
+    finding, and the example records the event "metamorphic.strided_pool: nothing exercised"."""
     pages = {}
     params = strided_pool_params(case)
     b, _ = _run_views(target, case, device, inputs, lambda kw: _strided_pool_views(kw, params, pages))
     if isinstance(b.error, NotImplementedError):
-        return []  # H16: the strided-pool mode is not enabled in this module instance
+        not_exercised("metamorphic.strided_pool", STRIDED_POOL_REFUSED)
+        return []
     bad = _failed("metamorphic.strided_pool", b, "the launch with a block-strided pool and rings")
     if bad:
         return bad
@@ -903,9 +936,16 @@ def metamorphic_check(*names):
 
 # ------------------------------------------------------------------ the properties (gdn_fuzz.properties lists them)
 
+
+def routing_cases(**kw):
+    """The routing property's strategy: legal launches with at least one real row that some legal
+    flush_min switches (1 <= P <= 16 - T), so that check_routing always has something to compare."""
+    return launch_cases(need="switchable", **kw)
+
+
 PROPERTIES = (
     Property("routing", "M7,M8", "flush_min moved so rows switch route: y and k/u appends bit-identical; "
-             "only switched rows' g appends and pool rows differ", check_routing),
+             "only switched rows' g appends and pool rows differ", check_routing, strategy=routing_cases),
     Property("determinism", "R1-R3", "two launches of the same inputs are bit-identical; read and write sets "
              "are disjoint", check_determinism),
     Property("output_inplace", "M8", "caller output: same object, pad rows untouched, live rows bitwise equal "

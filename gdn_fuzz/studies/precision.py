@@ -14,6 +14,13 @@ time in generic cases; a value rounded through bf16 first always does.  This is 
 not a verdict: no single value can show a violation of N3 (U = R exactly, a bf16 value, when
 the triangular solve has nothing to subtract; any bf16 value is a legal rounding of some f32),
 so it was taken out of the properties (issue 14: it raised false alarms on correct code).
+
+What an example inspects: the oracle errors of y, u, k and g (every example has a live row),
+the fold's error only when a row flushes, and the rounding pattern only on the arms that have
+an fp16 rounding point under bf16 IO (u: fp16 RING; fold: fp16 STATE and a flush row).  The
+search draws with precision_cases (one flush row in every Case), so the fold is measured in
+every example; an example that inspects nothing of the rounding pattern or of the fold records
+a Hypothesis event saying why (the arm has no such rounding point: bf16 and fp16).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import torch
 from gdn_fuzz.arms import get_arm
 from gdn_fuzz.checks import observe, oracle_metrics
 from gdn_fuzz.compare import table_for
+from gdn_fuzz.properties.base import launch_cases, not_exercised
+from gdn_fuzz.properties.relations import append_slots
 
 
 def _low3_zero(x: torch.Tensor) -> tuple[int, int]:
@@ -49,8 +58,7 @@ def rounding_pattern(obs) -> dict:
     idx = obs.before["initial_state_indices"].long()
     live = idx >= 0
     if arm.ring == torch.float16 and bool(live.any()):
-        base, P = obs.before["cache_base"].long(), obs.before["hist_len"].long()
-        sl = ((base[:, None] + P[:, None] + torch.arange(obs.case.T, device=base.device)[None, :]) & 31)[live]
+        sl = append_slots(obs.before, obs.case.T)[live]
         u = obs.after["u_cache"].permute(0, 2, 1, 3)[idx[live][:, None].expand_as(sl), sl]
         out["u"] = _low3_zero(u)
     flush = live & (obs.before["hist_len"].long() >= obs.case.fmin)
@@ -59,16 +67,32 @@ def rounding_pattern(obs) -> dict:
     return out
 
 
+def precision_cases(**kw):
+    """The search's strategy: legal launches without poison, with at least one flush row (the fold
+    and its rounding pattern need one)."""
+    return launch_cases(poison=False, need="flush", **kw)
+
+
+def _inspected_nothing(obs, pattern: dict) -> None:
+    """Hypothesis events for what this example could not inspect (and why)."""
+    arm = get_arm(obs.case.arm)
+    if not pattern:
+        why = ("the arm has no fp16 RING or STATE under bf16 IO" if arm.io != torch.bfloat16 or
+               (arm.ring != torch.float16 and arm.state != torch.float16) else "fp16 STATE only and no flush row")
+        not_exercised("precision.rounding", why)
+    idx = obs.before["initial_state_indices"].long()
+    if not bool(((idx >= 0) & (obs.before["hist_len"].long() >= obs.case.fmin)).any()):
+        not_exercised("precision.fold", "no flush row")
+
+
 def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, seed: int = 0,
            steer: bool = True, on_example=lambda: None) -> dict:
     """Returns {target: {arm: {T: {output: {max_rel, max_ratio, rtol, case, n}}}}}."""
-    from gdn_fuzz.strategies import cases
-
     res: dict = {str(t): {} for t in targets}
     for arm in arms:
         for T in Ts:
             cells = {str(t): {} for t in targets}
-            strat = cases(arms=(arm,), Ts=(T,), geometries=geometries, buckets=buckets, poison=False)
+            strat = precision_cases(arms=(arm,), Ts=(T,), geometries=geometries, buckets=buckets)
             phases = (Phase.generate, Phase.target) if steer else (Phase.generate,)
 
             @hseed(seed)
@@ -82,7 +106,10 @@ def search(targets, device: str, arms, Ts, geometries, buckets, examples: int, s
                     if obs.error is not None:
                         raise obs.error
                     rp = cells[str(t)].setdefault("rounding", {})
-                    for name, (zero, n) in rounding_pattern(obs).items():
+                    pattern = rounding_pattern(obs)
+                    if i == 0:
+                        _inspected_nothing(obs, pattern)
+                    for name, (zero, n) in pattern.items():
                         z0, n0 = rp.get(name, (0, 0))
                         rp[name] = (z0 + zero, n0 + n)
                     for name, m in oracle_metrics(obs).items():
