@@ -245,15 +245,13 @@ def clone_inputs(inputs: dict) -> dict:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
-snapshot = clone_inputs  # observe()'s name for the copy of the inputs taken before the launch
-
 
 def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
             output: torch.Tensor | None = None) -> Observation:
     """Run one launch.  Exceptions raised by the target are kept in the Observation."""
     from_case = inputs is None
     inputs = materialize(case, device) if inputs is None else inputs
-    before = snapshot(inputs)
+    before = clone_inputs(inputs)
     kwargs = dict(inputs)
     if output is not None:
         kwargs["output"] = output

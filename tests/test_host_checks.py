@@ -76,7 +76,7 @@ from hypothesis import strategies as st
 
 from gdn_fuzz.arms import ARM_NAMES, ARMS, ENV_VARS
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import same_bits
+from gdn_fuzz.checks import clone_inputs, same_bits
 from gdn_fuzz.targets import Target, TargetMismatch, TargetUnavailable, get_target, import_with_env
 
 ENTRY = "gated_delta_rule_mtp_ucache_flush"
@@ -194,7 +194,7 @@ def with_T(kw: dict, T: int) -> dict:
 
 
 def snapshot(kw: dict) -> dict:
-    return {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in clone_inputs(kw).items() if isinstance(v, torch.Tensor)}
 
 
 def assert_unchanged(kw: dict, before: dict) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from gdn_fuzz.case import Case, Regime, Row, materialize
-from gdn_fuzz.checks import expectation, observe, same_bits, snapshot
+from gdn_fuzz.checks import clone_inputs, expectation, observe, same_bits
 from gdn_fuzz.compare import relative
 from gdn_fuzz.targets import Target
 
@@ -69,7 +69,7 @@ def scenario_appends_wrap(target: Target, arm, T, H, HV, device) -> dict:
     inputs = materialize(case, device)
     P = 33 - T
     inputs["hist_len"][0] = P
-    before = snapshot(inputs)
+    before = clone_inputs(inputs)
     obs = observe(target, case, device, inputs=inputs)
     if obs.error is not None:
         return dict(raised=f"{type(obs.error).__name__}: {obs.error}")
