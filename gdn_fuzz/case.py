@@ -27,6 +27,12 @@ CASE_VERSION = 1
 RING_SLOTS = 32
 W_RING = 16
 
+
+def lazy_flush_min(T: int) -> int:
+    """The lazy flush rule 17 - T (= W_RING - T + 1): fold exactly when the window could not hold
+    another T records (shared/docs/replayssm-serving.md); also the largest legal flush_min (H14)."""
+    return W_RING - T + 1
+
 # Bounds of a stored or received Case (Case.validate, called by Case.from_dict): a case file
 # or a message from another process is checked against them before anything is allocated.
 LEGAL_T = (4, 8)  # the kernel's draft lengths (contract H13)
@@ -143,7 +149,7 @@ class Case:
     @property
     def fmin(self) -> int:
         """The flush threshold in force: flush_min, or the lazy default 17 - T."""
-        return self.flush_min if self.flush_min is not None else W_RING - self.T + 1
+        return self.flush_min if self.flush_min is not None else lazy_flush_min(self.T)
 
     def row_kind(self, r: Row) -> str:
         if r.pad:

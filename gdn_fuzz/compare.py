@@ -181,3 +181,45 @@ def drift_need(err: torch.Tensor, u: float, age, den: torch.Tensor, floor: float
 # whose scan groups the f32 sum of g differently once zeros are appended (N3).
 PAD_LANE_RTOL = 1e-12
 PAD_LANE_G_ULPS = 2.0**-21
+
+
+# ------------------------------------------------------------------ outputs of a served request
+# The outputs y of a launch that starts from a state of age `age` (launches since admission), per
+# (request, v-head), Frobenius over the step's tokens and V, against the float64 truth:
+#
+#     ||y - y_truth|| <= (C_Y + DRIFT_C sqrt(1 + age)) * u * ||y_mag|| + floor
+#
+# C_Y u: the launch's own roundings (the y row of the table above); DRIFT_C u sqrt(1 + age): the
+# drift budget of the state it starts from (drift_budget), carried to y because |dS q| <= |dS| |q|
+# and y_mag >= |S| |q| term by term (y_mag: oracles.gdn.sequential_magnitude on |terms|).  Used by
+# the serving engine's y check and the Triton differential (studies/triton_diff.py), with
+# u = drift_unit(arm) or, for the Triton baseline, the coarsest of its IO and checkpoint dtypes.
+
+
+def y_budget(u: float, age, mag: torch.Tensor, floor: float = 0.0, c: float = DRIFT_C) -> torch.Tensor:
+    """The allowed ||y - y_truth|| of a launch from a state of age `age`: (C_Y + c sqrt(1 + age)) u ||y_mag|| + floor."""
+    age = torch.as_tensor(age, dtype=torch.float64, device=mag.device)
+    return (C_Y + c * torch.sqrt(1.0 + age)) * u * mag + floor
+
+
+# ------------------------------------------------------------------ exact fold (Triton baseline)
+# The Triton baseline folds its raw window (v, k, g, beta) by an fp32 sequential replay, rounded once
+# to the checkpoint dtype.  Against the float64 replay of the same raw records, relative to the
+# magnitude of the terms (the replay on |terms|):
+#     C_FOLD u(ckpt)                      one rounding to the checkpoint dtype (C_FOLD above), plus
+#     wp (8 + log2 K) 2^-24               per replayed token the fp32 recurrence's roundings: exp, the
+#                                         K-term dot (pairwise summation ~ log2 K), subtract, scale,
+#                                         rank-1 update (8 + log2 K).
+F32_UNIT = 2.0**-24
+
+
+def exact_fold_rtol(u_ckpt: float, window: int, K: int) -> float:
+    """Relative bound of the baseline's exact fold over a window of `window` records (above)."""
+    import math
+
+    return C_FOLD * u_ckpt + window * (8 + math.log2(K)) * F32_UNIT
+
+
+# Two float64 replays of the same records in different layouts (the Triton baseline's own replay and
+# oracles.ring.replay of its fused-layout mapping) differ by summation order only.
+F64_REPLAY_RTOL = 1e-12

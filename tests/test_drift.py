@@ -55,7 +55,7 @@ CFG = dict(Ts=(4, 8), tokens=HORIZON, batch=2, accept="mtp", regime="normal", se
 # Scope: normal decay at 512 tokens on the reference target.  Not a bound for other regimes:
 # the same grid with weak decay reached bf16 7.6e-3 (slope +0.25, a transient: memory outlasts
 # 512 tokens) and with weak decay + beta near 0 bf16 2.95e-2 with slope +0.79 (accept one, T=8:
-# the bf16-checkpoint stagnation corner described at gdn_fuzz.serving.machine.DRIFT_C, where a fold's
+# the bf16-checkpoint stagnation corner described at gdn_fuzz.compare.DRIFT_C, where a fold's
 # decay e^{G_P} is within a bf16 ulp of 1); fp16 state stays at 1.6e-3 there.  Nor for the
 # production kernel (its extra IO roundings, N3) or the 32k-token horizon: the H200 study
 # measures those with `gdn-fuzz drift`.
@@ -229,3 +229,19 @@ def test_production_drift_bound(gdn_selection):
                 f"T={T} {arm}: state drift {s['state_max']:.3e} > {DRIFT_MARGIN} x {H200_STATE[(T, arm)]:.3e}")
             assert s["y_max"] <= DRIFT_MARGIN * H200_Y[(T, arm)], (
                 f"T={T} {arm}: output drift {s['y_max']:.3e} > {DRIFT_MARGIN} x {H200_Y[(T, arm)]:.3e}")
+
+
+def test_measure_budget_on_the_engine():
+    """The DRIFT_C measurement (studies.drift.measure_budget_grid, docs/tolerances.md) runs on the serving
+    engine: the reference's need stays well under DRIFT_C, and a fold bug fails the launch check it asserts."""
+    from gdn_fuzz.compare import DRIFT_C
+    from gdn_fuzz.serving.engine import EngineFailure, Geometry
+    from gdn_fuzz.studies.drift import measure_budget, measure_budget_grid
+    from gdn_fuzz.targets import get_target
+
+    r = measure_budget_grid("reference", steps=8, seeds=1, arms=("bf16",), Ts=(4,), decays=("normal",),
+                            betas=("mid",), log=None)
+    assert 0 < r["per_arm"]["bf16"] < DRIFT_C and r["runs"][0]["launches"] == 8
+    with pytest.raises(EngineFailure, match="oracle"):
+        measure_budget(get_target("mutant:fold_skipped"), "bf16", Geometry(4, 2, 4, blocks=8, B=8, flush_min=1),
+                       steps=8)

@@ -112,8 +112,8 @@ def test_mapping_catches_a_planted_commit_bug():
             cache_base.copy_(base)
 
     r = td.run_properties(Bad, T=4, steps=8, K=CPU_K, accept="all", relations=False)
-    props = {f.split("]")[1].split()[0] for f in r["findings"]}
-    assert {"cursors", "oracle.state"} <= props, r["findings"]
+    props = {f.split("]")[1].split()[0].rstrip(":") for f in r["findings"]}
+    assert {"serving.cursors", "serving.trajectory"} <= props, r["findings"]
 
 
 def test_differential_reference_vs_model():

@@ -63,6 +63,14 @@ Regimes (regime=...):
              RMS-normalised hidden states); q and k scale does not matter (M2 normalises them).
              Initial checkpoint ~ N(0, 0.1^2) per element, as the machine's admit().
 
+The run is the serving engine (gdn_fuzz.serving.engine) with one direct-adapter backend per arm
+on one teacher-forced stream (request b in block b, finished requests as pad rows); the errors
+are the engine's trajectory and y metrics (gdn_fuzz.compare), computed on recorded steps only.
+
+measure_budget / measure_budget_grid: the measurement behind compare.DRIFT_C (docs/tolerances.md,
+"Drift budget"), the engine driven with every check but trajectory asserting and the "need"
+(compare.drift_need) recorded over a grid of arms, T, regimes, flush_min and commit styles.
+
 Outputs: write_outputs(result, out) writes drift.json (everything), drift.png (relative
 error against committed tokens, log-log, one line per arm, a panel per T for the state and
 for y) and drift.md (final and max error per arm, fp16 state vs bf16 state, jump analysis,
@@ -82,7 +90,7 @@ kernel will add to these):
   realistic (assumed) regime, accept mtp, 8,192 tokens: flat, max 3.4e-3 (bf16), 4.0e-4 (fp16).
   weak decay + beta near 0, accept one, 4,096 tokens: bf16-STATE arms grow systematically
     (slope +0.88 / +0.90; 9.6e-2 at T = 4 and 1.9e-1 at T = 8 after 4,096 tokens: the fold
-    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.serving.machine.DRIFT_C), fp16-STATE
+    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.compare.DRIFT_C), fp16-STATE
     arms like a random walk (slope +0.49; 3.6e-3 / 4.3e-3).
 """
 
@@ -97,16 +105,12 @@ from pathlib import Path
 
 import torch
 
-from gdn_fuzz.arms import ARM_NAMES, get_arm, unit_roundoff
-from gdn_fuzz.case import Regime, _decay_params, draw_tokens
-from gdn_fuzz.oracles import commit as commits
-from gdn_fuzz.oracles import gdn as gdn_oracle
-from gdn_fuzz.oracles import ring as ring_oracle
-from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.arms import ARM_NAMES, get_arm
+from gdn_fuzz.case import BETAS, DECAYS, KEYS, Regime, _decay_params, draw_tokens, lazy_flush_min
+from gdn_fuzz.compare import drift_unit
+from gdn_fuzz.serving.adapters import COMMITS, DirectAdapter
+from gdn_fuzz.serving.engine import K_DIM, V_DIM, Engine, Geometry
 
-K_DIM = V_DIM = 128
-W_RING = ring_oracle.W_RING
-RING_SLOTS = ring_oracle.RING_SLOTS
 DEFAULT_TOKENS = 32768
 MTP_MEAN_T4 = 3.5
 # growth verdict thresholds on the fitted slope of log10(err) vs log10(tokens)
@@ -228,10 +232,6 @@ def _seed(*parts) -> int:
     return h
 
 
-def _rel(err, ref):
-    return torch.nan_to_num(err / ref.clamp_min(1e-300), nan=float("inf"))
-
-
 def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TOKENS, batch: int = 4,
               accept: str = "mtp", regime: str = "normal", seed: int = 0, device: str = "cpu",
               record_every: int = 1, *, heads: tuple[int, int] | None = None, flush_min: int | None = None,
@@ -265,7 +265,6 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
     kind, p = parse_accept(accept)
     reg = parse_regime(regime)
     B = batch
-    scale = 1.0 / math.sqrt(K_DIM)
     t_start = time.time()
     result = {
         "meta": dict(target=str(target), path=str(target.path), device=str(dev), arms=list(arms), Ts=list(Ts),
@@ -274,14 +273,14 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
                      regime=regime, regime_fields=(asdict(reg) if reg is not None else REALISTIC_DOC),
                      seed=seed, record_every=record_every, commit="caller (C3, restart_hist_on_flush=False)",
                      torch=torch.__version__, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     unit_roundoff={a: _arm_u(a) for a in arms}),
+                     unit_roundoff={a: drift_unit(a) for a in arms}),
         "runs": {},
     }
     deadline = None if seconds is None else t_start + seconds
     for T in Ts:
-        fmin = flush_min if flush_min is not None else W_RING - T + 1
+        fmin = flush_min if flush_min is not None else lazy_flush_min(T)
         result["runs"][str(T)] = _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every,
-                                        fmin, scale, progress, deadline)
+                                        fmin, progress, deadline)
     result["meta"]["seconds"] = time.time() - t_start
     return result
 
@@ -335,38 +334,21 @@ def merge_results(results: list[dict]) -> dict:
     return out
 
 
-def _arm_u(arm) -> float:
-    a = get_arm(arm)
-    return max(unit_roundoff(d) for d in (a.io, a.pack, a.state, a.ring))
-
-
-def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every, fmin, scale, progress,
-           deadline=None):
+def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_every, fmin, progress, deadline=None):
+    """One T: the serving engine with one direct-adapter backend per arm (caller commit, C3), request b
+    in block b, teacher-forced tokens in request order (finished requests become pad rows)."""
     gen0 = torch.Generator().manual_seed(_seed(seed, T, 0xA11))
     A_log, dt_bias = (_bf(x) for x in _params(reg, gen0, HV))
     state_scale = reg.state_scale if reg is not None else 0.1
     S0 = _bf(torch.randn(B, HV, V_DIM, K_DIM, generator=gen0) * state_scale)
     inexact = _inexact_fp16(A_log) + _inexact_fp16(dt_bias) + _inexact_fp16(S0)
-    # per-arm target buffers: pool slot b = request b; rings start as garbage (never reachable)
-    bufs = {}
-    for arm in arms:
-        spec = get_arm(arm)
-        g = torch.Generator().manual_seed(_seed(seed, T, 0x6A5))
-        bufs[arm] = dict(
-            spec=spec,
-            # copy=True: arms whose dtype equals bf16 must not share (and co-fold) one tensor
-            A_log=A_log.to(device=dev, dtype=spec.io, copy=True),
-            dt_bias=dt_bias.to(device=dev, dtype=spec.io, copy=True),
-            pool=S0.to(device=dev, dtype=spec.state, copy=True),
-            k_cache=gdn_oracle.l2norm(torch.randn(B, H, RING_SLOTS, K_DIM, generator=g)).to(spec.ring).to(dev),
-            u_cache=torch.randn(B, HV, RING_SLOTS, V_DIM, generator=g).to(spec.ring).to(dev),
-            g_cache=(-torch.rand(B, HV, RING_SLOTS, generator=g) * 4.0).float().to(dev),
-            output=torch.zeros(B, T, HV, V_DIM, dtype=spec.io, device=dev),
-        )
-    truth = S0.double().to(dev)
-    A64, dt64 = A_log.double().to(dev), dt_bias.double().to(dev)
-    hist = torch.zeros(B, dtype=torch.long)
-    base = torch.zeros(B, dtype=torch.long)
+    geo = Geometry(T, H, HV, layers=1, blocks=B, B=B, flush_min=fmin, regime=reg or Regime())
+    # one backend per arm, own buffers (rings start as garbage, never reachable); one truth in bf16 values
+    backends = {arm: DirectAdapter(target, geo, arm, dev, _seed(seed, T, 0x6A5), commit="caller") for arm in arms}
+    eng = Engine(geo, backends, dev, checks={"trajectory", "ragged"}, params=[(A_log, dt_bias)],
+                 io=torch.bfloat16, state=torch.bfloat16, y_tokens="accepted")
+    for b in range(B):
+        eng.admit(b, state=S0[b])  # request b in block b
     committed = torch.zeros(B, dtype=torch.long)
     rnd = random.Random(_seed(seed, T, 0xACC))
     series = dict(step=[], tokens=[], tokens_min=[], folds=[], live=[],
@@ -376,11 +358,9 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
     jumps = {a: dict(fold=[], other=[]) for a in arms}
     per_req_max = {a: torch.zeros(B, dtype=torch.float64) for a in arms}
     y_worst = {a: 0.0 for a in arms}
-    total_folds = 0
-    total_launches = 0
+    total_folds = total_launches = 0
     folds_acc = 0  # folds since the last recorded step
     step = 0
-    idx_all = torch.arange(B)
     truncated = False
     while bool((committed < tokens).any()):
         if deadline is not None and time.time() > deadline and series["step"]:
@@ -394,83 +374,41 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
         q, k, v, a, b = (_bf(x) for x in _tokens(reg, gen, B, T, H, HV))
         if step == 0 or step % 997 == 0:  # a sample is enough: the regimes are fixed distributions
             inexact += sum(_inexact_fp16(x) for x in (q, k, v, a, b))
-        idx = torch.where(live, idx_all, torch.full_like(idx_all, -1))
-        folds = live & (hist >= fmin)
-        total_folds += int(folds.sum())
-        folded_since |= folds
-        # ---- truth: sequential decode of the accepted tokens of the live requests
-        li = live.nonzero().flatten().to(dev)
-        tok = StepInputs(q=q.to(dev)[li], k=k.to(dev)[li], v=v.to(dev)[li], a=a.to(dev)[li], b=b.to(dev)[li],
-                         accepted=acc.to(dev)[li])
-        g_t, beta_t = gdn_oracle.gates(tok.a, dt64, A64, tok.b)
         record = (step % record_every == 0) or not bool((committed + acc < tokens).any())
-        if record:  # the error magnitudes of y are needed on recorded steps only
-            qh, kh = gdn_oracle.normalized_qk(tok.q, tok.k, HV, scale)
-            y_mag, _, _ = gdn_oracle.sequential_magnitude(truth[li].abs(), qh, kh, tok.v, g_t, beta_t,
-                                                          keep_states=False)
-            m = (torch.arange(T, device=dev)[None, :] < tok.accepted[:, None]).double()[..., None, None]
-            y_mag_norm = (y_mag * m).pow(2).sum((1, 3)).sqrt()
-        S_next, y_true = sequential_decode(truth[li], tok, A64, dt64, scale)
-        truth[li] = S_next
-        new_hist, new_base = commits.caller_commit(hist, base, acc, fmin)
-        new_hist = torch.where(live, new_hist, hist)
-        new_base = torch.where(live, new_base, base)
-        # the launch's cursors and the committed ones, on the device once per step (not per arm)
-        idx_d, hist_d, base_d = (x.to(device=dev, dtype=torch.int32) for x in (idx, hist, base))
+        plan = [(i, T, int(acc[i])) for i in range(B) if live[i]]
+        order = (torch.cumsum(live.long(), 0) - 1).masked_fill(~live, -1).tolist()  # request i at position i
+        toks = [{n: x.to(dev) for n, x in dict(q=q, k=k, v=v, a=a, b=b).items()}]
+        rec = eng.step(plan, order=order, tokens=toks, check=record)
+        total_launches += len(arms)
+        folds = len(rec.flushed)
+        total_folds += folds
+        folded_since[rec.flushed] = True
         if record:
-            all_d, new_hist_d, new_base_d = (x.to(dev) for x in (idx_all, new_hist, new_base))
-        for arm in arms:
-            buf = bufs[arm]
-            # a fresh copy per arm in its IO dtype (exact: the inputs are bf16 values)
-            ca, cb, cq, ck, cv = (x.to(device=dev, dtype=buf["spec"].io, copy=True) for x in (a, b, q, k, v))
-            target.launch(
-                arm, A_log=buf["A_log"], dt_bias=buf["dt_bias"], a=ca, b=cb, q=cq, k=ck, v=cv,
-                initial_state_source=buf["pool"], initial_state_indices=idx_d,
-                k_cache=buf["k_cache"], u_cache=buf["u_cache"], g_cache=buf["g_cache"],
-                hist_len=hist_d, cache_base=base_d,
-                output=buf["output"], scale=scale, flush_min=fmin, restart_hist_on_flush=False)
-            total_launches += 1
-            if not record:
-                continue
-            # ---- committed logical state rebuilt from the target's own buffers (M3), float64
-            kw, uw, Gw, valid = ring_oracle.gather_window(buf["k_cache"], buf["u_cache"], buf["g_cache"],
-                                                          all_d, new_hist_d, new_base_d, HV)
-            S_rb, _, _ = ring_oracle.replay(buf["pool"][all_d], kw, uw, Gw, valid, new_hist_d)
-            err = (S_rb - truth).pow(2).sum((-2, -1)).sqrt()
-            rel = _rel(err, truth.pow(2).sum((-2, -1)).sqrt()).amax(1).cpu()  # [B], max over heads
-            per_req_max[arm] = torch.maximum(per_req_max[arm], rel)
-            ser = series["arms"][arm]
-            ser["state_max"].append(float(rel.max()))
-            ser["state_med"].append(float(rel.median()))
-            # ---- outputs of the accepted tokens
-            yk = buf["output"][li].double()
-            ye = ((yk - y_true) * m).pow(2).sum((1, 3)).sqrt()
-            yr = _rel(ye, y_mag_norm).amax(1).cpu() if len(li) else torch.zeros(0)
-            if len(yr):
+            for arm in arms:
+                rel = rec.metrics[arm]["state"][0]["rel"].amax(1).cpu()  # [B] (request b = rid b), max over heads
+                per_req_max[arm] = torch.maximum(per_req_max[arm], rel)
+                ser = series["arms"][arm]
+                ser["state_max"].append(float(rel.max()))
+                ser["state_med"].append(float(rel.median()))
+                yr = rec.metrics[arm]["y"][0]["rel"].amax(1).cpu()  # live requests
                 ser["y_max"].append(float(yr.max()))
                 ser["y_med"].append(float(yr.median()))
                 y_worst[arm] = max(y_worst[arm], float(yr.max()))
-            else:
-                ser["y_max"].append(None)
-                ser["y_med"].append(None)
-            # ---- jumps between consecutive recorded steps, split by fold
-            if prev_err[arm] is not None:
-                d = torch.log10(rel.clamp_min(1e-300) / prev_err[arm].clamp_min(1e-300))
-                moved = live
-                jumps[arm]["fold"] += d[moved & folded_since].tolist()
-                jumps[arm]["other"] += d[moved & ~folded_since].tolist()
-            prev_err[arm] = rel
-        hist, base = new_hist, new_base
+                # ---- jumps between consecutive recorded steps, split by fold
+                if prev_err[arm] is not None:
+                    d = torch.log10(rel.clamp_min(1e-300) / prev_err[arm].clamp_min(1e-300))
+                    jumps[arm]["fold"] += d[live & folded_since].tolist()
+                    jumps[arm]["other"] += d[live & ~folded_since].tolist()
+                prev_err[arm] = rel
         committed = committed + acc
+        folds_acc += folds
         if record:
             series["step"].append(step)
             series["tokens"].append(float(committed.double().mean()))
             series["tokens_min"].append(int(committed.min()))
             series["live"].append(int(live.sum()))
-            folded_since[:] = False
-        folds_acc += int(folds.sum())
-        if record:
             series["folds"].append(folds_acc)
+            folded_since[:] = False
             folds_acc = 0
         step += 1
         if progress is not None:
@@ -479,9 +417,9 @@ def _run_T(target, arms, T, tokens, B, H, HV, kind, p, reg, seed, dev, record_ev
     for arm in arms:
         ser = series["arms"][arm]
         summary[arm] = dict(
-            u=_arm_u(arm),
+            u=drift_unit(arm),
             state_final=ser["state_max"][-1], state_max=max(ser["state_max"]),
-            state_max_over_u=max(ser["state_max"]) / _arm_u(arm),
+            state_max_over_u=max(ser["state_max"]) / drift_unit(arm),
             state_final_per_request=per_req_max[arm].tolist(),
             y_final=next((x for x in reversed(ser["y_max"]) if x is not None), None), y_max=y_worst[arm],
             fit=growth_fit(series["tokens"], ser["state_max"], tokens),
@@ -639,6 +577,78 @@ def summary_markdown(result: dict) -> str:
            "share of the largest 1% of jumps that contain a fold, to compare with the fold share of all intervals.",
            "", "![drift](drift.png)", ""]
     return "\n".join(md)
+
+
+# ------------------------------------------------------------------ the measurement behind DRIFT_C
+
+
+def measure_budget(target, arm: str, geo: Geometry, device: str = "cpu", *, commit: str = "caller", steps: int = 200,
+                   seed: int = 0, preempt_every: int = 50) -> dict:
+    """Drive the serving engine (direct adapter) without Hypothesis: every block busy, random accepts,
+    shuffled rows, a preemption every `preempt_every` steps; the launch, writes and cursors checks
+    run (a finding raises EngineFailure), the trajectory check only measures.  Returns the worst
+    "need" (the DRIFT_C a state needed: compare.drift_need) with its age, and counts."""
+    rnd = random.Random(seed)
+    eng = Engine(geo, DirectAdapter(target, geo, arm, device, seed, commit=commit), device, seed,
+                 checks=DirectAdapter.DEFAULT_CHECKS)
+    for j in range(min(geo.B, geo.blocks)):
+        eng.admit(j, seed * 1000 + j)
+    worst, worst_age = 0.0, 0
+    for i in range(steps):
+        s = rnd.randrange(2**16)
+        rec = eng.step(eng.plan_all(s, "random"), s, order="shuffled")
+        eng.fail([f for f in rec.findings if f.prop != "serving.trajectory"])
+        st = rec.metrics[eng.adapter.name]["state"][0]
+        if float(st["need"].max()) > worst:
+            worst = float(st["need"].max())
+            worst_age = eng.requests[st["rids"][int(st["need"].amax(1).argmax())]].age
+        if preempt_every and (i + 1) % preempt_every == 0:
+            rid = eng.live[rnd.randrange(len(eng.live))]
+            eng.preempt(rid, rnd.choice([eng.requests[rid].block] + eng.free_blocks))
+    return {"worst": worst, "worst_age": worst_age, "launches": eng.steps, "flushes": eng.flushes,
+            "wraps": eng.wraps, "preempts": eng.preempts}
+
+
+def measure_budget_grid(target="reference", device: str = "cpu", *, steps: int = 200, seeds: int = 2,
+                        arms=ARM_NAMES, Ts=(4, 8), decays=DECAYS, betas=BETAS, json_path=None, log=print) -> dict:
+    """The grid behind compare.DRIFT_C (docs/tolerances.md, "Drift budget"): arm x T x decay x beta x
+    seed; keys cycle through KEYS, flush_min alternates between the lazy rule (17 - T) and 1 (a fold
+    every launch: the most STATE roundings), the commit style alternates with the seed.  Geometry
+    H=2, HV=4, 8 blocks, B=8 (every block busy).  Returns {"per_arm": worst need per arm, "runs": [...]}
+    and writes it to json_path if given; `log` gets one line per run (None: silent)."""
+    from gdn_fuzz.targets import get_target
+
+    t = get_target(target) if isinstance(target, str) else target
+    per_arm: dict[str, float] = {}
+    runs = []
+    t0 = time.time()
+    n = 0
+    for arm in arms:
+        for T in Ts:
+            for decay in decays:
+                for beta in betas:
+                    for s in range(seeds):
+                        keys = KEYS[n % len(KEYS)]
+                        fmin = lazy_flush_min(T) if (n // len(KEYS)) % 2 == 0 else 1
+                        n += 1
+                        geo = Geometry(T, 2, 4, layers=1, blocks=8, B=8, flush_min=fmin,
+                                       regime=Regime(decay=decay, beta=beta, keys=keys))
+                        m = measure_budget(t, arm, geo, device, commit=COMMITS[s % 2], steps=steps, seed=s)
+                        per_arm[arm] = max(per_arm.get(arm, 0.0), m["worst"])
+                        m.update(arm=arm, T=T, decay=decay, beta=beta, keys=keys, flush_min=fmin,
+                                 commit=COMMITS[s % 2], seed=s)
+                        runs.append(m)
+                        if log is not None:
+                            log(f"{arm:20s} T={T} decay={decay:6s} beta={beta:5s} keys={keys:9s} fmin={fmin:2d} "
+                                f"seed={s} need={m['worst']:.3f} (age {m['worst_age']}) flushes={m['flushes']} "
+                                f"wraps={m['wraps']} ({time.time() - t0:.0f}s)")
+    out = {"target": str(t), "device": device, "steps": steps, "torch": torch.__version__, "per_arm": per_arm,
+           "runs": runs}
+    if log is not None:
+        log(f"worst need per arm: { {k: round(v, 3) for k, v in per_arm.items()} }")
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=1))
+    return out
 
 
 # ------------------------------------------------------------------ CLI

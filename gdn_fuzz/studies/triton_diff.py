@@ -1,14 +1,19 @@
 """`gdn-fuzz triton`: the Triton ReplaySSM baseline's properties, and a differential run against the fused kernel.
 
-Both backends are driven at the serving level (gdn_fuzz.targets.triton_baseline module
-doc): a set of requests, T tokens verified per step, an accepted count per request, a
-commit.  Inputs are teacher-forced (generated once per (seed, T, step), bf16-rounded, the
-same for every backend) so there is ONE float64 truth per stream:
-oracles.serving.sequential_decode over exactly the accepted tokens.
+Both backends run on the serving engine (gdn_fuzz.serving.engine; the baseline through
+serving.adapters.TritonAdapter, the fused kernel through serving.adapters.DirectAdapter): a set of
+requests, T tokens verified per step, an accepted count per request, a commit.  Inputs are
+teacher-forced (generated once per (seed, T, step), bf16-rounded, the same for every backend)
+so there is ONE float64 truth per stream: the engine's sequential decode over exactly the
+accepted tokens.
 
-Properties of the baseline (``run_properties``; clause ids of shared/docs/kernel-contract.md):
-  oracle.y      [M4]  outputs of the accepted tokens vs the truth
-  oracle.state  [M3, C3, C4] committed logical state (checkpoint + d/k/g window) vs the truth
+Properties of the baseline (``run_properties``; clause ids of shared/docs/kernel-contract.md).
+The engine's own checks:
+  serving.trajectory [M3, C3, C4] committed logical state (checkpoint + d/k/g window) vs the truth
+  serving.ragged     [M4]  outputs of the accepted tokens vs the truth
+  serving.cursors    [C3]  cursors after commit_gdn_replayssm_spec vs oracles.commit.caller_commit
+                           (ring mask ring - 1)
+and the baseline's own, added to the same step as an engine hook (``TritonChecks``):
   state.raw     [M7]  the same state rebuilt the exact-fold way (raw v/k/beta) vs the truth
   fold          [M7]  at every flush launch, the folded checkpoint vs the float64 sequential
                       replay of the kernel's own raw records (asserted within the bound below),
@@ -17,37 +22,28 @@ Properties of the baseline (``run_properties``; clause ids of shared/docs/kernel
   pad           [M8]  pad rows (null block 0): null block / replay slot 0 keep their bits;
                       pad outputs are zero (the baseline's verify pass zeroes them)
   early_flush   [C3]  before every launch wp + T <= L for every live request, and is_flush ==
-                      (wp >= L - 2T + 1): every verify window fits its buffer
-  cursors       [C3]  cursors after commit_gdn_replayssm_spec vs oracles.commit.caller_commit
-                      (ring 32) and is_flush' = (wp' + 2T > L)
+                      (wp >= L - 2T + 1): every verify window fits its buffer; after the commit
+                      is_flush' = (wp' + 2T > L)
   fused_layout  [M3, M6] the adapter's mapping to the fused layout, replayed by
-                      oracles.ring.replay, equals the adapter's own replay (float64)
+                      oracles.ring.replay, equals the adapter's own replay (compare.F64_REPLAY_RTOL)
   determinism   [R1]  the same stream twice: bit-identical outputs and buffers
   permutation   [R1]  the same stream with the batch rows permuted and pads moved:
                       bit-identical per-request outputs and committed checkpoints
 
-Budgets (where they come from): u = the coarsest unit roundoff among the IO dtype (the d/k
-rings and outputs are stored in it) and the checkpoint dtype (gdn_fuzz.arms.unit_roundoff).
-  state    ||S - S_truth||_F <= DRIFT_C u sqrt(1 + age) ||S_truth||_F per (request, head):
-           gdn_fuzz.serving.machine's drift budget (DRIFT_C = 11, measured provenance there), age =
-           launches since admission.
-  y        ||y - y_truth||_F <= (C_Y + DRIFT_C sqrt(1 + age)) u ||y_mag||_F over the accepted
-           tokens: the launch's own roundings (gdn_fuzz.compare.C_Y) plus the state drift it
-           starts from (|dS q| <= |dS| |q|, and y_mag >= |S| |q| term by term).
-  fold     ||F - F64||_F <= (C_FOLD u(ckpt) + wp (8 + log2 K) 2^-24) ||F_mag||_F: one
-           rounding to the checkpoint dtype (compare.C_FOLD), plus per replayed token the
-           fp32 recurrence's roundings (exp, the K-term dot with pairwise summation ~log2 K,
-           subtract, scale, rank-1 update: 8 + log2 K), F_mag the same recurrence on |terms|.
-Differential (``run_differential``): max over requests and heads of ||S_a - S_b|| /
-||S_truth|| per step and of ||y_a - y_b|| / ||y_mag|| over the accepted tokens; allowed =
-the sum of both backends' budgets above (fused arms: u = gdn_fuzz.serving.machine.drift_unit).
+Budgets, all from gdn_fuzz.compare: u = the coarsest unit roundoff among the IO dtype (the d/k
+rings and outputs are stored in it) and the checkpoint dtype; state: drift_budget (DRIFT_C u
+sqrt(1 + age)); y: y_budget ((C_Y + DRIFT_C sqrt(1 + age)) u ||y_mag||, age of the state the
+launch starts from); fold: exact_fold_rtol.
+Differential (``run_differential``): the fused arms and the Triton configurations as backends of
+one engine on one stream; max over requests and heads of ||S_a - S_b|| / ||S_truth|| per step
+and of ||y_a - y_b|| / ||y_mag|| over the accepted tokens; allowed = the same budgets with
+u = u_a + u_b (fused arms: u = compare.drift_unit).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -55,23 +51,17 @@ from dataclasses import dataclass
 
 import torch
 
-from gdn_fuzz.arms import get_arm, unit_roundoff
-from gdn_fuzz.case import Regime, _decay_params, draw_tokens
-from gdn_fuzz.oracles import commit as commits
+from gdn_fuzz.arms import unit_roundoff
+from gdn_fuzz.case import Regime, _decay_params, draw_tokens, lazy_flush_min
+from gdn_fuzz.checks import Finding
+from gdn_fuzz.compare import (F32_UNIT, F64_REPLAY_RTOL, distance, drift_budget, exact_fold_rtol, frobenius, ratio,
+                              y_budget)
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring as ring_oracle
-from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
-from gdn_fuzz.targets.triton_baseline import (TRITON_CONFIGS, TorchBaselineModel, TritonBaselineServing, flush_min_of,
-                                      triton_io_ckpt)
-from gdn_fuzz.compare import C_FOLD, C_Y
-
-F32 = 2.0**-24
-
-
-def _drift_c() -> float:
-    from gdn_fuzz.compare import DRIFT_C as dc
-
-    return dc
+from gdn_fuzz.oracles.serving import StepInputs
+from gdn_fuzz.serving.adapters import DirectAdapter, TritonAdapter
+from gdn_fuzz.serving.engine import Engine, Geometry
+from gdn_fuzz.targets.triton_baseline import TRITON_CONFIGS, TorchBaselineModel, TritonBaselineServing
 
 
 @dataclass
@@ -117,58 +107,6 @@ def make_stream(seed: int, T: int, R: int, steps: int, H: int = 1, HV: int = 2, 
     return Stream(T=T, H=H, HV=HV, K=K, V=V, A_log=bf(A_log), dt_bias=bf(dt_bias), S0=S0, steps=out, seed=seed)
 
 
-@dataclass
-class Truth:
-    states: list  # after each step, [R, HV, V, K] float64
-    ys: list  # [R, T, HV, V]
-    y_mags: list
-
-
-def truth_of(st: Stream) -> Truth:
-    S = st.S0.double()
-    A, dt = st.A_log.double(), st.dt_bias.double()
-    scale = st.K ** -0.5
-    states, ys, mags = [], [], []
-    for inp in st.steps:
-        g, beta = gdn_oracle.gates(inp.a, dt, A, inp.b)
-        qh, kh = gdn_oracle.normalized_qk(inp.q, inp.k, st.HV, scale)
-        ym, _, _ = gdn_oracle.sequential_magnitude(S.abs(), qh, kh, inp.v, g, beta)
-        S, y = sequential_decode(S, inp, A, dt, scale)
-        states.append(S)
-        ys.append(y)
-        mags.append(ym)
-    return Truth(states, ys, mags)
-
-
-@dataclass
-class Finding:
-    prop: str
-    clause: str
-    message: str
-    step: int | None = None
-    value: float | None = None
-    tol: float | None = None
-
-    def __str__(self):
-        num = "" if self.value is None else (f" ({self.value:.3e}" + ("" if self.tol is None else f" > {self.tol:.3e}") + ")")
-        return f"[{self.clause}] {self.prop}" + ("" if self.step is None else f" step {self.step}") + f": {self.message}{num}"
-
-
-def _rel_rows(got, want, den):
-    """max over heads of ||got - want||_F / ||den||_F per request: [R]."""
-    e = (got.double() - want).pow(2).sum((-2, -1)).sqrt()
-    d = den.pow(2).sum((-2, -1)).sqrt().clamp_min(1e-300)
-    return torch.nan_to_num(e / d, nan=float("inf"))
-
-
-def _y_rel(y, yt, ym, acc, T):
-    """[R, HV] relative y error over the accepted tokens (dims T and V)."""
-    m = (torch.arange(T)[None, :] < acc[:, None]).double()[..., None, None]
-    e = ((y.double() - yt) * m).pow(2).sum((1, 3)).sqrt()
-    d = (ym * m).pow(2).sum((1, 3)).sqrt().clamp_min(1e-300)
-    return torch.nan_to_num(e / d, nan=float("inf"))
-
-
 def _raw_windows(ad: TritonBaselineServing, reqs):
     """Per request of `reqs`: (checkpoint [HV, V, K], [(raw k [HV, K], v [HV, V], g [HV], beta [HV])
     for each window record in order]), on the CPU, in the stored dtypes."""
@@ -203,7 +141,7 @@ def fold_fp32_emulation(ad: TritonBaselineServing, reqs) -> torch.Tensor:
 
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| in units of 2^-24 max|a|: fp32 ulps at the scale of the largest element."""
-    return float((a.float() - b.float()).abs().max() / (F32 * a.float().abs().max().clamp_min(1e-30)))
+    return float((a.float() - b.float()).abs().max() / (F32_UNIT * a.float().abs().max().clamp_min(1e-30)))
 
 
 def _pads(seed: int, R: int, n_pad: int) -> list[int]:
@@ -213,143 +151,143 @@ def _pads(seed: int, R: int, n_pad: int) -> list[int]:
     return rows
 
 
-def _mk_adapter(kernels, st: Stream, cfg: str, device: str, ring: int = 32, L: int | None = None):
-    io, ck = triton_io_ckpt(cfg)
-    ad = TritonBaselineServing(kernels, n_requests=st.R, H=st.H, HV=st.HV, K=st.K, V=st.V, T=st.T,
-                               A_log=st.A_log, dt_bias=st.dt_bias, io=io, ckpt=ck, ring=ring, L=L, device=device)
+# ------------------------------------------------------------------ the stream on the serving engine
+
+
+def _engine(st: Stream, backends, device: str, B: int, *, checks) -> Engine:
+    """An engine over `backends` for the stream: request r in block r + 1 (block 0: the null block)."""
+    fmin = next(iter(backends.values())).fmin
+    geo = Geometry(st.T, st.H, st.HV, layers=1, blocks=st.R + 1, B=B, flush_min=fmin, K=st.K)
+    eng = Engine(geo, backends, device, checks=checks, params=[(st.A_log, st.dt_bias)], io=torch.bfloat16,
+                 state=torch.bfloat16, y_tokens="accepted")
     for r in range(st.R):
-        ad.admit(r, st.S0[r])
-    return ad
+        eng.admit(r + 1, state=st.S0[r])  # request id r
+    return eng
+
+
+def _step(eng: Engine, st: Stream, i: int, order: list[int], check: bool = True):
+    """Step i of the stream: request r at the batch position where order holds r, pads (-1) zero-filled."""
+    inp = st.steps[i]
+    pos = [p for r in range(st.R) for p, o in enumerate(order) if o == r]
+    tok = {}
+    for name in ("q", "k", "v", "a", "b"):
+        x = getattr(inp, name)
+        full = torch.zeros((len(order), *x.shape[1:]), dtype=x.dtype)
+        full[pos] = x
+        tok[name] = full.to(eng.device)
+    plan = [(r, st.T, int(inp.accepted[r])) for r in range(st.R)]
+    return eng.step(plan, order=order, tokens=[tok], check=check)
+
+
+class TritonChecks:
+    """The baseline's own properties (module docstring), as a hook on the engine's step."""
+
+    def __init__(self, ad: TritonAdapter, meas: dict):
+        self.ad, self.meas = ad, meas
+
+    def before(self, eng, batch):
+        tb, T, i = self.ad.tb, eng.geo.T, batch.step
+        reqs = [x.block - 1 for x in batch.rows]
+        wp, base, fl = tb.cursors(reqs)
+        F = self.F = []
+        bad = (wp + T > tb.L).nonzero().flatten().tolist()
+        if bad:
+            F.append(Finding("early_flush", "C3", f"step {i}: requests {bad} verify past the budget: wp + T > L={tb.L}",
+                             value=float(wp.max() + T)))
+        want_fl = (wp >= self.ad.fmin).long()
+        if not torch.equal(fl, want_fl):
+            F.append(Finding("early_flush", "C3", f"step {i}: is_flush {fl.tolist()} != wp >= L - 2T + 1 "
+                             f"({want_fl.tolist()}), wp={wp.tolist()}"))
+        self.reqs, self.wp = reqs, wp
+        self.folding = [r for j, r in enumerate(reqs) if int(fl[j]) and int(wp[j]) > 0]
+        if self.folding:
+            self.f64 = tb.logical_state_raw(self.folding)
+            self.f32 = fold_fp32_emulation(tb, self.folding)
+            self.mag = _fold_magnitude(tb, self.folding)
+        self.null_before = {k: v.detach().cpu().clone() for k, v in _null_view(tb).items()}
+
+    def after(self, eng, batch, rec):
+        ad, tb, meas, F, i = self.ad, self.ad.tb, self.meas, self.F, batch.step
+        T, reqs = eng.geo.T, self.reqs
+        meas["launches"] += 1
+        for k_, v_ in _null_view(tb).items():
+            if not _bits_equal(v_.detach().cpu(), self.null_before[k_]):
+                F.append(Finding("pad", "M8", f"step {i}: the null block / replay slot 0 changed: {k_}"))
+        padrows = [p for p, j in enumerate(batch.order) if j < 0]
+        if padrows:
+            pv = ad.last_y.detach().cpu()[padrows].double().abs()
+            meas["pad_output_max"] = max(meas["pad_output_max"], float(torch.nan_to_num(pv, nan=float("inf")).max()))
+            if not bool((pv == 0).all()):
+                F.append(Finding("pad", "M8", f"step {i}: pad rows' outputs are not zero (the verify pass zeroes them)"))
+        wp2, _, fl2 = tb.cursors(reqs)
+        if not torch.equal(fl2, ((wp2 + 2 * T) > tb.L).long()):
+            F.append(Finding("early_flush", "C3", f"step {i}: is_flush after the commit {fl2.tolist()} != "
+                             f"wp' + 2T > L for wp' = {wp2.tolist()}"))
+        if self.folding:
+            after = tb.h0.detach().cpu()[[tb.blocks[r] for r in self.folding]]
+            meas["folds"] += len(self.folding)
+            rel = float(ratio(distance(after, self.f64, (-2, -1)), frobenius(self.mag, (-2, -1))).max())
+            tol = exact_fold_rtol(unit_roundoff(ad.state), max(int(self.wp[reqs.index(r)]) for r in self.folding),
+                                  eng.geo.K)
+            meas["fold_max_rel"] = max(meas["fold_max_rel"], rel)
+            meas["fold_ratio"] = max(meas["fold_ratio"], rel / tol)
+            if not rel <= tol:
+                F.append(Finding("fold", "M7", f"step {i}: folded checkpoint vs the float64 replay of its raw window",
+                                 value=rel, tol=tol))
+            if ad.state == torch.float32:
+                f32 = self.f32
+                meas["fold_vs_fp32_max_abs"] = max(meas["fold_vs_fp32_max_abs"], float((after.float() - f32).abs().max()))
+                meas["fold_vs_fp32_max_ulp"] = max(meas["fold_vs_fp32_max_ulp"], _ulps(after, f32))
+                meas["fold_bit_identical"] += int((after.float().view(torch.int32) == f32.view(torch.int32)).sum())
+                meas["fold_elements"] += after.numel()
+        st_m, y_m = rec.metrics[ad.name]["state"][0], rec.metrics[ad.name]["y"][0]
+        meas["state_max"] = max(meas["state_max"], float(st_m["rel"].max()))
+        meas["state_ratio"] = max(meas["state_ratio"], float(st_m["ratio"].max()))
+        meas["y_max"] = max(meas["y_max"], float(y_m["rel"].max()))
+        meas["y_ratio"] = max(meas["y_ratio"], float(y_m["ratio"].max()))
+        # the exact-fold rebuild of the same committed state vs the truth (M7), same budget
+        rids = st_m["rids"]
+        truth = torch.stack([eng.requests[r].truth[0] for r in rids]).cpu()
+        Sr = tb.logical_state_raw([eng.requests[r].block - 1 for r in rids])
+        err, den = distance(Sr, truth, (-2, -1)), frobenius(truth, (-2, -1))
+        ages = torch.tensor([eng.requests[r].age for r in rids], dtype=torch.float64)[:, None]
+        meas["state_raw_max"] = max(meas["state_raw_max"], float(ratio(err, den).max()))
+        worst = float(ratio(err, drift_budget(ad.u, ages, den)).max())
+        if worst > 1.0:
+            F.append(Finding("state.raw", "M7", f"step {i}: raw-window rebuild vs the sequential truth", value=worst,
+                             tol=1.0))
+        if ad.ring == 32 and int(tb.cursors(reqs)[0].max()) <= 16:
+            lay = tb.to_fused_layout(reqs)
+            kw, uw, Gw, valid = ring_oracle.gather_window(lay["k_cache"], lay["u_cache"], lay["g_cache"], lay["idx"],
+                                                          lay["hist_len"], lay["cache_base"], eng.geo.HV)
+            So, _, _ = ring_oracle.replay(lay["pool"], kw, uw, Gw, valid, lay["hist_len"])
+            own = tb.logical_state(reqs)
+            d = float(ratio(distance(So, own, (-2, -1)), frobenius(own, (-2, -1))).max())
+            meas["fused_layout_max"] = max(meas["fused_layout_max"], d)
+            if not d <= F64_REPLAY_RTOL:
+                F.append(Finding("fused_layout", "M3", f"step {i}: fused-layout replay != the adapter's replay",
+                                 value=d, tol=F64_REPLAY_RTOL))
+        return F
 
 
 def drive(kernels, st: Stream, cfg: str, device: str, order: list[int], *, ring: int = 32, L: int | None = None,
-          truth: Truth | None = None, checks: bool = True):
-    """Run the stream through one adapter.  Returns (adapter, per-step records, findings, measurements)."""
-    ad = _mk_adapter(kernels, st, cfg, device, ring, L)
-    io, ck = triton_io_ckpt(cfg)
-    u = max(unit_roundoff(io), unit_roundoff(ck))
-    dc = _drift_c()
-    reqs = list(range(st.R))
-    F: list[Finding] = []
+          checks: bool = True):
+    """Run the stream through the baseline on the serving engine.  Returns (adapter, per-step outputs of
+    the requests [R, T, HV, V] (request order), findings, measurements)."""
     meas = dict(state_max=0.0, state_raw_max=0.0, y_max=0.0, state_ratio=0.0, y_ratio=0.0, fold_max_rel=0.0,
                 fold_ratio=0.0, fold_vs_fp32_max_abs=0.0, fold_vs_fp32_max_ulp=0.0, fold_bit_identical=0,
                 fold_elements=0, folds=0, fused_layout_max=0.0, pad_output_max=0.0, launches=0)
-    recs = []
-    B = len(order)
-    for i, inp in enumerate(st.steps):
-        T = st.T
-        pos = {r: j for j, r in enumerate(order) if r >= 0}
-        perm = [pos[r] for r in reqs]
-
-        def spread(x, fill=0.0):
-            full = torch.full((B, *x.shape[1:]), fill, dtype=x.dtype)
-            full[perm] = x
-            return full
-
-        wp, base, fl = ad.cursors(reqs)
-        if checks:
-            bad = (wp + T > ad.L).nonzero().flatten().tolist()
-            if bad:
-                F.append(Finding("early_flush", "C3", f"requests {bad} verify past the budget: wp + T > L={ad.L}",
-                                 step=i, value=float(wp.max() + T)))
-            want_fl = (wp >= flush_min_of(ad.L, T)).long()
-            if not torch.equal(fl, want_fl):
-                F.append(Finding("early_flush", "C3", f"is_flush {fl.tolist()} != wp >= L - 2T + 1 "
-                                 f"({want_fl.tolist()}), wp={wp.tolist()}", step=i))
-        folding = [r for r in reqs if int(fl[r]) and int(wp[r]) > 0]
-        if checks and folding:
-            f64 = ad.logical_state_raw(folding)
-            f32 = fold_fp32_emulation(ad, folding)
-            mag = _fold_magnitude(ad, folding)
-        null_before = {k: v.clone() for k, v in _null_view(ad).items()}
-        acc = inp.accepted
-        y = ad.step(order, spread(inp.q), spread(inp.k), spread(inp.v), spread(inp.a), spread(inp.b),
-                    spread(acc, 0))
-        meas["launches"] += 1
-        y_req = y.detach().cpu()[perm]
-        rec = dict(y=y_req.clone(), cursors=(wp, base, fl))
-        if checks:
-            # pad rows
-            for k_, v_ in _null_view(ad).items():
-                if not _bits_equal(v_.detach().cpu(), null_before[k_].detach().cpu()):
-                    F.append(Finding("pad", "M8", f"the null block / replay slot 0 changed: {k_}", step=i))
-            padrows = [j for j, r in enumerate(order) if r < 0]
-            if padrows:
-                pv = y.detach().cpu()[padrows].double().abs()
-                meas["pad_output_max"] = max(meas["pad_output_max"], float(torch.nan_to_num(pv, nan=float("inf")).max()))
-                if not bool((pv == 0).all()):
-                    F.append(Finding("pad", "M8", "pad rows' outputs are not zero (the verify pass zeroes them)", step=i))
-            # cursors after the commit
-            wp2, base2, fl2 = ad.cursors(reqs)
-            if ad.ring == 32:
-                cw, cb = commits.caller_commit(wp, base, acc, flush_min_of(ad.L, T))
-                zero_acc_flush = (fl == 1) & (acc == 0)  # documented: base kept, window empty either way
-                cb = torch.where(zero_acc_flush, base, cb)
-            else:
-                f = fl == 1
-                cw = torch.where(f, acc, wp + acc)
-                cb = torch.where(f & (acc > 0), (base + wp) & (ad.ring - 1), base)
-            nf = ((cw + 2 * T) > ad.L).long()
-            if not (torch.equal(wp2, cw) and torch.equal(base2, cb) and torch.equal(fl2, nf)):
-                F.append(Finding("cursors", "C3", f"after commit (wp, base, is_flush) = {wp2.tolist()}, {base2.tolist()}, "
-                                 f"{fl2.tolist()}; model {cw.tolist()}, {cb.tolist()}, {nf.tolist()}", step=i))
-            # fold
-            if folding:
-                after = ad.h0.detach().cpu()[[ad.blocks[r] for r in folding]]
-                meas["folds"] += len(folding)
-                rel = _rel_rows(after, f64, mag).max().item()
-                wps = torch.tensor([int(wp[r]) for r in folding], dtype=torch.float64)
-                tol = C_FOLD * unit_roundoff(ck) + float(wps.max()) * (8 + math.log2(st.K)) * F32
-                meas["fold_max_rel"] = max(meas["fold_max_rel"], rel)
-                meas["fold_ratio"] = max(meas["fold_ratio"], rel / tol)
-                if not rel <= tol:
-                    F.append(Finding("fold", "M7", "folded checkpoint vs the float64 replay of its raw window",
-                                     step=i, value=rel, tol=tol))
-                if ck == torch.float32:
-                    meas["fold_vs_fp32_max_abs"] = max(meas["fold_vs_fp32_max_abs"],
-                                                       float((after.float() - f32).abs().max()))
-                    meas["fold_vs_fp32_max_ulp"] = max(meas["fold_vs_fp32_max_ulp"], _ulps(after, f32))
-                    meas["fold_bit_identical"] += int((after.float().view(torch.int32) == f32.view(torch.int32)).sum())
-                    meas["fold_elements"] += after.numel()
-            # committed state
-            if truth is not None:
-                age = i + 1
-                S = ad.logical_state(reqs)
-                Sr = ad.logical_state_raw(reqs)
-                tS = truth.states[i]
-                rel = _rel_rows(S, tS, tS)
-                relr = _rel_rows(Sr, tS, tS)
-                budget = dc * u * math.sqrt(1 + age)
-                meas["state_max"] = max(meas["state_max"], float(rel.max()))
-                meas["state_raw_max"] = max(meas["state_raw_max"], float(relr.max()))
-                meas["state_ratio"] = max(meas["state_ratio"], float(rel.max()) / budget)
-                if not float(rel.max()) <= budget:
-                    F.append(Finding("oracle.state", "M3", "committed logical state vs the sequential truth", step=i,
-                                     value=float(rel.max()), tol=budget))
-                if not float(relr.max()) <= budget:
-                    F.append(Finding("state.raw", "M7", "raw-window rebuild vs the sequential truth", step=i,
-                                     value=float(relr.max()), tol=budget))
-                yr = _y_rel(y_req, truth.ys[i], truth.y_mags[i], acc, T)
-                yb = (C_Y + dc * math.sqrt(age)) * u  # the state the launch starts from has age i
-                meas["y_max"] = max(meas["y_max"], float(yr.max()))
-                meas["y_ratio"] = max(meas["y_ratio"], float(yr.max()) / yb)
-                if not float(yr.max()) <= yb:
-                    F.append(Finding("oracle.y", "M4", "accepted outputs vs the sequential truth", step=i,
-                                     value=float(yr.max()), tol=yb))
-                rec["state"] = S
-            if ad.ring == 32 and int(ad.cursors(reqs)[0].max()) <= 16:
-                lay = ad.to_fused_layout(reqs)
-                kw, uw, Gw, valid = ring_oracle.gather_window(lay["k_cache"], lay["u_cache"], lay["g_cache"],
-                                                              lay["idx"], lay["hist_len"], lay["cache_base"], st.HV)
-                So, _, _ = ring_oracle.replay(lay["pool"], kw, uw, Gw, valid, lay["hist_len"])
-                own = rec.get("state", ad.logical_state(reqs))
-                d = float(((So - own).abs().max() / own.abs().max().clamp_min(1e-300)))
-                meas["fused_layout_max"] = max(meas["fused_layout_max"], d)
-                if not d <= 1e-12:
-                    F.append(Finding("fused_layout", "M3", "fused-layout replay != the adapter's replay", step=i,
-                                     value=d, tol=1e-12))
-        recs.append(rec)
-    return ad, recs, F, meas
+    probe = Geometry(st.T, st.H, st.HV, blocks=st.R + 1, B=len(order), K=st.K)
+    ad = TritonAdapter(kernels, probe, cfg, device, ring=ring, L=L)
+    eng = _engine(st, {ad.name: ad}, device, len(order), checks=TritonAdapter.CHECKS if checks else ())
+    if checks:
+        eng.hooks.append(TritonChecks(ad, meas))
+    ys, F = [], []
+    for i in range(len(st.steps)):
+        rec = _step(eng, st, i, order, check=checks)
+        F += rec.findings
+        ys.append(rec.outs[ad.name].y[0].detach().cpu().reshape(st.R, st.T, st.HV, st.K))
+    return ad, ys, F, meas
 
 
 def _null_view(ad):
@@ -382,115 +320,74 @@ def run_properties(kernels, *, T: int, cfg: str = "bf16-ckpt32", device: str = "
     """Every property above on one stream.  Returns {findings: [...], measurements: {...}, seconds}."""
     t0 = time.time()
     st = make_stream(seed, T, R, steps, H, HV, K, K, decay, accept)
-    tr = truth_of(st)
     order = _pads(seed, R, n_pad)
-    ad, recs, F, meas = drive(kernels, st, cfg, device, order, ring=ring, L=L, truth=tr)
+    ad, ys, F, meas = drive(kernels, st, cfg, device, order, ring=ring, L=L)
     if relations:
-        ad2, recs2, _, _ = drive(kernels, st, cfg, device, order, ring=ring, L=L, checks=False)
-        same = all(_bits_equal(a["y"], b["y"]) for a, b in zip(recs, recs2))
-        bufs = all(_bits_equal(x, y) for x, y in zip(ad.buffers().values(), ad2.buffers().values()))
+        ad2, ys2, _, _ = drive(kernels, st, cfg, device, order, ring=ring, L=L, checks=False)
+        same = all(_bits_equal(a, b) for a, b in zip(ys, ys2))
+        bufs = all(_bits_equal(x, y) for x, y in zip(ad.tb.buffers().values(), ad2.tb.buffers().values()))
         meas["determinism_bit_identical"] = bool(same and bufs)
         if not (same and bufs):
             F.append(Finding("determinism", "R1", f"two runs of one stream differ (outputs equal: {same}, "
                              f"buffers equal: {bufs})"))
-        order3 = _pads(seed + 1, R, n_pad + 1)
-        ad3, recs3, _, _ = drive(kernels, st, cfg, device, order3, ring=ring, L=L, checks=False)
-        ysame = all(_bits_equal(a["y"], b["y"]) for a, b in zip(recs, recs3))
-        hsame = _bits_equal(ad.logical_state(list(range(R))), ad3.logical_state(list(range(R))))
+        ad3, ys3, _, _ = drive(kernels, st, cfg, device, _pads(seed + 1, R, n_pad + 1), ring=ring, L=L, checks=False)
+        ysame = all(_bits_equal(a, b) for a, b in zip(ys, ys3))
+        hsame = _bits_equal(ad.tb.logical_state(list(range(R))), ad3.tb.logical_state(list(range(R))))
         meas["permutation_bit_identical"] = bool(ysame and hsame)
         if not (ysame and hsame):
             F.append(Finding("permutation", "R1", f"permuting the batch rows changed results (outputs equal: {ysame}, "
                              f"committed states equal: {hsame})"))
     return dict(T=T, cfg=cfg, device=device, steps=steps, R=R, n_pad=n_pad, seed=seed, H=H, HV=HV, K=K, ring=ring,
-                L=ad.L, flush_min=ad.flush_min, decay=decay, accept=accept, kernels=getattr(kernels, "name", "?"),
+                L=ad.L, flush_min=ad.fmin, decay=decay, accept=accept, kernels=getattr(kernels, "name", "?"),
                 findings=[str(f) for f in F], measurements=meas, seconds=time.time() - t0)
 
 
 # ------------------------------------------------------------------ differential
 
 
-def _fused_drive(target, arm, st: Stream, device: str):
-    """The fused target through the same stream: caller commit (C3), lazy flush_min.  Yields (y [R,T,HV,V], S [R,...])."""
-    spec = get_arm(arm)
-    dev = torch.device(device)
-    R, T, H, HV, K, V = st.R, st.T, st.H, st.HV, st.K, st.V
-    fmin = 17 - T
-    g = torch.Generator().manual_seed(5)
-    pool = st.S0.to(device=dev, dtype=spec.state, copy=True)
-    kc = gdn_oracle.l2norm(torch.randn(R, H, 32, K, generator=g)).to(spec.ring).to(dev)
-    uc = torch.randn(R, HV, 32, V, generator=g).to(spec.ring).to(dev)
-    gc = (-torch.rand(R, HV, 32, generator=g) * 4).float().to(dev)
-    out = torch.zeros(R, T, HV, V, dtype=spec.io, device=dev)
-    A = st.A_log.to(device=dev, dtype=spec.io, copy=True)
-    dt = st.dt_bias.to(device=dev, dtype=spec.io, copy=True)
-    hist = torch.zeros(R, dtype=torch.long)
-    base = torch.zeros(R, dtype=torch.long)
-    idx = torch.arange(R)
-    for inp in st.steps:
-        c = lambda x: x.to(device=dev, dtype=spec.io, copy=True)  # noqa: E731
-        target.launch(arm, A_log=A, dt_bias=dt, a=c(inp.a), b=c(inp.b), q=c(inp.q), k=c(inp.k), v=c(inp.v),
-                      initial_state_source=pool, initial_state_indices=idx.to(torch.int32).to(dev),
-                      k_cache=kc, u_cache=uc, g_cache=gc, hist_len=hist.to(torch.int32).to(dev),
-                      cache_base=base.to(torch.int32).to(dev), output=out, scale=K ** -0.5, flush_min=fmin,
-                      restart_hist_on_flush=False)
-        hist, base = commits.caller_commit(hist, base, inp.accepted, fmin)
-        kw, uw, Gw, valid = ring_oracle.gather_window(kc.cpu(), uc.cpu(), gc.cpu(), idx, hist, base, HV)
-        S, _, _ = ring_oracle.replay(pool.cpu()[idx], kw, uw, Gw, valid, hist)
-        yield out.detach().cpu().clone(), S
-
-
 def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T: int, steps: int = 24, R: int = 4,
                      H: int = 2, HV: int = 4, seed: int = 0, device: str = "cpu", accept: str = "mtp",
                      decay: str = "normal") -> dict:
-    """Same request stream through every fused arm and every Triton config; per-step max divergence per pair."""
-    from gdn_fuzz.compare import drift_unit
-
+    """Same request stream through every fused arm and every Triton config (backends of one engine, one
+    truth); per-step max divergence per (fused, Triton) pair."""
     t0 = time.time()
     st = make_stream(seed, T, R, steps, H, HV, 128, 128, decay, accept)
-    tr = truth_of(st)
-    dc = _drift_c()
-    backends = {}  # name -> (u, list of (y, S))
-    for arm in fused_arms:
-        backends[f"fused:{arm}"] = (drift_unit(arm), list(_fused_drive(fused_target, arm, st, device)))
+    geo = Geometry(T, H, HV, blocks=R + 1, B=R)
+    backends = {f"fused:{arm}": DirectAdapter(fused_target, geo, arm, device, 5, commit="caller") for arm in fused_arms}
     for cfg in triton_cfgs:
-        io, ck = triton_io_ckpt(cfg)
-        u = max(unit_roundoff(io), unit_roundoff(ck))
-        ad = _mk_adapter(triton_kernels, st, cfg, device)
-        seq = []
-        for inp in st.steps:
-            y = ad.step(list(range(R)), inp.q, inp.k, inp.v, inp.a, inp.b, inp.accepted).detach().cpu()
-            seq.append((y, ad.logical_state(list(range(R)))))
-        backends[f"triton:{cfg}"] = (u, seq)
-    vs_truth = {}
-    for name, (u, seq) in backends.items():
-        vs_truth[name] = dict(
-            state=[float(_rel_rows(S, tr.states[i], tr.states[i]).max()) for i, (_, S) in enumerate(seq)],
-            y=[float(_y_rel(y, tr.ys[i], tr.y_mags[i], st.steps[i].accepted, T).max()) for i, (y, _) in enumerate(seq)])
-    pairs = {}
+        backends[f"triton:{cfg}"] = TritonAdapter(triton_kernels, geo, cfg, device)
+    eng = _engine(st, backends, device, R, checks={"trajectory", "ragged"})
+    vs_truth = {name: dict(state=[], y=[]) for name in backends}
     fused = [n for n in backends if n.startswith("fused:")]
     trit = [n for n in backends if n.startswith("triton:")]
-    for a in fused:
-        for b in trit:
-            ua, sa = backends[a]
-            ub, sb = backends[b]
-            rs, ry, ratio = [], [], 0.0
-            for i in range(steps):
-                age = i + 1
-                s = float(_rel_rows(sa[i][1], sb[i][1], tr.states[i]).max())
-                y = float(_y_rel(sa[i][0], sb[i][0].double(), tr.y_mags[i], st.steps[i].accepted, T).max())
-                sb_ = dc * (ua + ub) * math.sqrt(1 + age)
-                yb_ = (C_Y + dc * math.sqrt(age)) * (ua + ub)
-                rs.append(s)
-                ry.append(y)
-                ratio = max(ratio, s / sb_, y / yb_)
-            pairs[f"{a} vs {b}"] = dict(state=rs, y=ry, max_state=max(rs), max_y=max(ry), max_ratio=ratio,
-                                        agree=ratio <= 1.0)
+    pairs = {f"{a} vs {b}": dict(state=[], y=[], max_ratio=0.0) for a in fused for b in trit}
+    for i in range(steps):
+        rec = _step(eng, st, i, list(range(R)))
+        m = rec.metrics
+        for name in backends:
+            vs_truth[name]["state"].append(float(m[name]["state"][0]["rel"].max()))
+            vs_truth[name]["y"].append(float(m[name]["y"][0]["rel"].max()))
+        for a in fused:
+            for b in trit:
+                sa, sb, ya, yb = m[a]["state"][0], m[b]["state"][0], m[a]["y"][0], m[b]["y"][0]
+                mask = ya["mask"][..., None, None].double()
+                s = float(ratio(distance(sa["S"], sb["S"], (-2, -1)), sa["den"]).max())
+                y = float(ratio(distance(ya["Y"] * mask, yb["Y"] * mask, (1, 3)), ya["mag"]).max())
+                u = backends[a].u + backends[b].u
+                one = torch.ones((), dtype=torch.float64)
+                p = pairs[f"{a} vs {b}"]
+                p["state"].append(s)
+                p["y"].append(y)
+                p["max_ratio"] = max(p["max_ratio"], s / float(drift_budget(u, i + 1, one)),
+                                     y / float(y_budget(u, i, one)))
+    for p in pairs.values():
+        p.update(max_state=max(p["state"]), max_y=max(p["y"]), agree=p["max_ratio"] <= 1.0)
     return dict(meta=dict(T=T, steps=steps, R=R, H=H, HV=HV, K=128, seed=seed, device=device, accept=accept,
                           decay=decay, fused_target=str(fused_target), triton=getattr(triton_kernels, "name", "?"),
-                          triton_source=getattr(triton_kernels, "source", "?"), flush_min=17 - T, L=16 + T,
+                          triton_source=getattr(triton_kernels, "source", "?"), flush_min=lazy_flush_min(T), L=16 + T,
                           seconds=time.time() - t0, torch=torch.__version__,
                           date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          budget="state: DRIFT_C (u_a + u_b) sqrt(1 + age); y: (C_Y + DRIFT_C sqrt(age)) (u_a + u_b)"),
+                          budget="state: compare.drift_budget with u_a + u_b; y: compare.y_budget with u_a + u_b"),
                 vs_truth=vs_truth, pairs=pairs)
 
 
