@@ -53,7 +53,8 @@ import torch
 
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import check_launch, expectation, observe
+from gdn_fuzz.checks import check_launch, expectation
+from gdn_fuzz.observation import clone_inputs, observe
 from gdn_fuzz.targets import get_target
 
 
@@ -89,7 +90,7 @@ def bench(target, arm, T, B, H, HV, device, reps, draws="cpu"):
     _sync(device)
     warm = time.perf_counter() - t0
     base = materialize(case, device)
-    clones = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in base.items()} for _ in range(reps)]
+    clones = [clone_inputs(base) for _ in range(reps)]
     it = iter(clones)
     bare = _time(lambda: target.launch(arm, **next(it)), reps, device)
     del clones, it

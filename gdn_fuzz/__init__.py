@@ -6,10 +6,11 @@ nothing heavy and changes no global state):
   Case, Row, Regime        what one launch is (gdn_fuzz.case)
   materialize              its tensors, from the case's seed
   get_target, Target       what runs it: "reference", "production", "mutant:NAME" or a file
-  observe, Observation     one launch with every buffer before and after
+  observe, Observation     one launch with every buffer before and after (gdn_fuzz.observation)
   expectation              the float64 oracle's view of that launch (gdn_fuzz.oracles.ring)
-  check_launch, check_oracle, check_writes, Finding
-                           the launch property and its two halves; a Finding's signature()
+  check_launch, check_oracle, check_writes
+                           the launch property and its two halves (gdn_fuzz.checks)
+  Finding                  what a check reports; its signature() names the bug (gdn_fuzz.findings)
   get_property, REGISTRY, Property, register
                            the campaign properties by name (gdn_fuzz.properties), and how to add one
   Campaign                 a budgeted fuzz campaign (gdn_fuzz.engine.campaign; what `gdn-fuzz run` drives)
@@ -27,8 +28,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Case": "case", "Row": "case", "Regime": "case", "materialize": "case",
     "get_target": "targets", "Target": "targets",
-    "observe": "checks", "Observation": "checks", "expectation": "checks", "check_launch": "checks",
-    "check_oracle": "checks", "check_writes": "checks", "Finding": "checks",
+    "observe": "observation", "Observation": "observation", "Finding": "findings",
+    "expectation": "checks", "check_launch": "checks", "check_oracle": "checks", "check_writes": "checks",
     "get_property": "properties", "REGISTRY": "properties",
     "Campaign": "engine.campaign", "Property": "properties", "register": "properties",
     "cases": "strategies",

@@ -14,7 +14,7 @@ import pytest
 
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.checks import Finding
+from gdn_fuzz.findings import Finding
 
 
 def _case(seed: int, P: int = 13) -> Case:

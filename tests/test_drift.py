@@ -23,12 +23,12 @@ acceptance, normal decay):
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from gdn_fuzz.studies.drift import add_parser, draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
+from gdn_fuzz.cli import main as cli_main
+from gdn_fuzz.studies.drift import draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
 
 
 ARMS = ("bf16", "bf16-state16")
@@ -151,17 +151,24 @@ def test_planted_bug_breaks_the_bound(mutant):
 
 def test_cli_subcommand(tmp_path):
     """`gdn-fuzz drift` parses its options and writes drift.json / .png / .md."""
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = ap.parse_args(["drift", "--target", "reference", "--arms", "bf16", "--T", "4", "--tokens", "64",
-                          "--batch", "2", "--accept", "all", "--regime", "realistic", "--seed", "3",
-                          "--device", "cpu", "--out", str(tmp_path)])
-    assert args.func(args) == 0
+    assert cli_main(["drift", "--target", "reference", "--arms", "bf16", "--T", "4", "--tokens", "64",
+                     "--batch", "2", "--accept", "all", "--regime", "realistic", "--seed", "3",
+                     "--device", "cpu", "--out", str(tmp_path)]) == 0
     for name in ("drift.json", "drift.png", "drift.md"):
         assert (tmp_path / name).is_file()
     data = json.loads((tmp_path / "drift.json").read_text())
     assert data["meta"]["regime"] == "realistic" and "ASSUMED" in data["meta"]["regime_fields"]
+
+
+def test_cli_measure_budget(tmp_path, capsys):
+    """`gdn-fuzz drift --measure-budget` runs the DRIFT_C grid on the engine (decay x beta cells for one
+    arm and T here, two launches each) and writes every run with its need."""
+    out = tmp_path / "budget.json"
+    assert cli_main(["drift", "--measure-budget", "--target", "reference", "--arms", "bf16", "--T", "4",
+                     "--steps", "2", "--seeds", "1", "--device", "cpu", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["runs"]) == 9 and all(r["launches"] == 2 and r["worst"] >= 0 for r in data["runs"])
+    assert "worst need per arm" in capsys.readouterr().out
 
 
 def test_merge_of_parallel_parts_equals_one_run(tmp_path):

@@ -22,7 +22,7 @@ asserts three things:
    ``expect_guard`` applies that rule;
 3. that the rejected call left every input tensor bitwise unchanged (each tensor is
    cloned before the call and compared bit for bit afterwards with
-   ``gdn_fuzz.checks.same_bits``).
+   ``gdn_fuzz.observation.same_bits``).
 
 The tests run against the targets of the ``target`` fixture: ``reference`` (the torch
 mirror in this package, always available), ``production`` (FlashInfer's CuTeDSL module)
@@ -76,7 +76,7 @@ from hypothesis import strategies as st
 
 from gdn_fuzz.arms import ARM_NAMES, ARMS, ENV_VARS
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import clone_inputs, same_bits
+from gdn_fuzz.observation import clone_inputs, same_bits
 from gdn_fuzz.targets import Target, TargetMismatch, TargetUnavailable, get_target, import_with_env
 
 ENTRY = "gated_delta_rule_mtp_ucache_flush"

@@ -207,7 +207,7 @@ def test_production_mutant_is_not_equivalent(name, gdn_selection):
 def test_a_finding_the_base_shares_is_not_a_kill():
     """Mutation score counts only findings the unmodified base passes: a property that fails on the
     base too (a known bug of the released kernel, say) must not credit the suite with a kill."""
-    from gdn_fuzz.checks import Finding
+    from gdn_fuzz.findings import Finding
     from gdn_fuzz.studies.mutation_score import run_mutants
     from gdn_fuzz.properties import Property
 

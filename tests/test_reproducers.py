@@ -40,7 +40,9 @@ from hypothesis import given, settings
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine import reproducer as R
 from gdn_fuzz.case import Case, Regime, Row, materialize
-from gdn_fuzz.checks import Finding, check_oracle, check_writes, observe, same_bits
+from gdn_fuzz.checks import check_oracle, check_writes
+from gdn_fuzz.findings import Finding
+from gdn_fuzz.observation import observe, same_bits
 from gdn_fuzz.targets.mutants import Mutant, materialize_mutant
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.properties import get_property

@@ -446,7 +446,7 @@ def _cli(argv, cwd, **env):
 
 def _entry_dict(target: str, **case_over) -> dict:
     from gdn_fuzz.engine import corpus
-    from gdn_fuzz.checks import Finding
+    from gdn_fuzz.findings import Finding
 
     case = dict(OK.to_dict(), **case_over)
     e = corpus.make_entry("launch", OK, [Finding("launch", "H*", "x", outcome="raised RuntimeError: x")], target)

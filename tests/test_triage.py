@@ -29,7 +29,7 @@ from gdn_fuzz import cli
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.case import Case, Regime, Row
-from gdn_fuzz.checks import Finding, raised
+from gdn_fuzz.findings import Finding, raised
 from gdn_fuzz.targets.mutants import CATALOGUE, Mutant, materialize_mutant
 from gdn_fuzz.properties import REGISTRY, get_property
 from gdn_fuzz.strategies import CPU_GEOMETRIES
@@ -251,7 +251,7 @@ def test_the_precision_false_alarm_cannot_come_back(tmp_path):
     alarm's case passes every property both on the reference and on an implementation that rounds
     R and beta to IO as N3 says, although that one's u records carry the bf16 pattern that the old
     rule called a violation (it needed >= 3/4 of them)."""
-    from gdn_fuzz.checks import observe
+    from gdn_fuzz.observation import observe
     from gdn_fuzz.studies.precision import rounding_pattern
 
     assert "precision" not in REGISTRY
@@ -265,7 +265,7 @@ def test_the_precision_false_alarm_cannot_come_back(tmp_path):
 
 def test_rounding_study_still_sees_the_unscored_mutants():
     """u_stored_io (U through bf16 before the fp16 ring) is within tolerance: only the study shows it."""
-    from gdn_fuzz.checks import observe
+    from gdn_fuzz.observation import observe
     from gdn_fuzz.studies.precision import rounding_pattern
 
     case = Case(arm="bf16-state16-ring16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4)

@@ -21,7 +21,7 @@ echo "pytest rc=$? $(( $(date +%s) - s ))s"; tail -n 15 "$R/triton-pytest.txt" |
 
 # 2. properties table + differential vs production (5 arms) x Triton (fp32 and bf16 checkpoints)  cap 110 s
 s=$(date +%s)
-timeout "${TRITON_DIFF_S:-110}" python3 -m gdn_fuzz.studies.triton_diff --kernels triton --device cuda --T 4 8 \
+timeout "${TRITON_DIFF_S:-110}" gdn-fuzz triton --kernels triton --device cuda --T 4 8 \
   --cfgs bf16-ckpt32 bf16-ckpt16 --steps 16 --diff --fused-target production --diff-steps 24 \
   --json "$R/triton-diff.json" > "$R/triton-diff.txt" 2>&1
 echo "diff rc=$? $(( $(date +%s) - s ))s"; tail -n 40 "$R/triton-diff.txt" | cut -c1-220

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import argparse
 
-from gdn_fuzz.cli import replay, report, run, studies
+from gdn_fuzz.cli import replay, report, run, serving, studies
 from gdn_fuzz.cli.common import (  # noqa: F401  (the exit codes, documented in the README)
     EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError)
 from gdn_fuzz.cli.run import validate_run_args  # noqa: F401
-from gdn_fuzz.studies.drift import add_parser as add_drift_parser
-from gdn_fuzz.studies.triton_diff import add_parser as add_triton_parser
 
 __all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NEW", "EXIT_USAGE", "EXIT_KNOWN_ONLY",
            "EXIT_INTERRUPTED", "UsageError", "validate_run_args"]
 
 # every sub-command module, in the order `gdn-fuzz --help` lists them; each defines add_parser(sub)
-COMMANDS = (run, replay, report, studies)
+COMMANDS = (run, replay, report, studies, serving)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,10 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for mod in COMMANDS:
         mod.add_parser(sub)
-
-    add_drift_parser(sub)
-
-    add_triton_parser(sub)
     return ap
 
 

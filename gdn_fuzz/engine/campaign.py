@@ -2,7 +2,7 @@
 
 Each round is one Hypothesis run of `round_examples` examples of one property with its own
 seed (derived from the campaign seed).  Failures are told apart by their signature
-(checks.Finding.signature: check id, clause, outcome class, route family), and the test body
+(findings.Finding.signature: check id, clause, outcome class, route family), and the test body
 raises one exception class per signature, so Hypothesis' own notion of distinct bugs
 (exception type + origin) separates them: each is shrunk on its own and reported together
 (report_multiple_bugs).
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.checks import Finding
+from gdn_fuzz.findings import Finding
 from gdn_fuzz.properties import Property
 from gdn_fuzz.targets import Target
 from gdn_fuzz.engine import corpus
@@ -121,7 +121,7 @@ class CampaignFinding:
         return self.signature
 
     def launch(self) -> dict | None:
-        """The launch that ran (checks.Finding.launch of this signature's finding; None for a
+        """The launch that ran (findings.Finding.launch of this signature's finding; None for a
         crash or a hang, whose launch is the plain materialize(case))."""
         pick = [x for x in self.findings if x.launch and x.signature() == self.signature]
         pick = pick or [x for x in self.findings if x.launch]

@@ -3,7 +3,7 @@
 An entry holds the shrunk Case (geometry, arm, rows, cursors, seed, value regime: the
 tensors are regenerated from the seed), the launch that failed ("launch": the Case as the
 property ran it and the transformation of its inputs, gdn_fuzz.engine.reproducer.Launch; absent in
-entries written before it was stored), the failure's signature (checks.Finding.signature:
+entries written before it was stored), the failure's signature (findings.Finding.signature:
 check id, clause, outcome class, route family), every finding of that case, the target and
 the versions it ran with, the date, and whether it is an `open` bug (a known outcome: replayed
 as a strict xfail that must reproduce the same signature; campaigns and property tests count it
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdn_fuzz.case import Case
-from gdn_fuzz.checks import parse_launch
+from gdn_fuzz.findings import parse_launch
 from gdn_fuzz.engine.isolation import Worker
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.targets import get_target
@@ -52,14 +52,14 @@ class Entry:
     findings: list[str]
     keys: list[tuple[str, str]]  # (check, clause) of each finding
     target: str
-    signature: str = ""  # the failure this entry stands for (checks.Finding.signature)
+    signature: str = ""  # the failure this entry stands for (findings.Finding.signature)
     signatures: list[str] = field(default_factory=list)  # every finding's signature on this case
     status: str = "open"  # open | guard
     reason: str = ""
     versions: dict = field(default_factory=dict)
     date: str = ""
     path: Path | None = None
-    launch: dict | None = None  # the launch that failed (checks.Finding.launch; gdn_fuzz.engine.reproducer.Launch)
+    launch: dict | None = None  # the launch that failed (findings.Finding.launch; gdn_fuzz.engine.reproducer.Launch)
 
     @property
     def needs_gpu(self) -> bool:
@@ -198,7 +198,7 @@ def read(path: Path) -> Entry:
 
 
 def _read_launch(d) -> dict | None:
-    """An entry's optional "launch", validated (checks.parse_launch) and kept as its JSON;
+    """An entry's optional "launch", validated (findings.parse_launch) and kept as its JSON;
     ValueError on anything malformed."""
     if d is None:
         return None

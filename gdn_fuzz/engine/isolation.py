@@ -47,7 +47,7 @@ import weakref
 from pathlib import Path
 
 from gdn_fuzz.case import Case
-from gdn_fuzz.checks import Finding, Findings, normalize_message, raised
+from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.targets import get_target
 

@@ -4,7 +4,7 @@ A property may launch something other than materialize(case) of the Case it was 
 commit property sets restart_hist_on_flush=True and gives pad rows cursors, extremes puts a = 120
 on v-head 0, routing launches a second time with another flush_min, each metamorphic relation
 transforms the inputs.  Every check therefore attaches to its findings the launch it ran
-(checks.Finding.launch, built by checks.launch_record), and this module reads it back:
+(findings.Finding.launch, built by findings.launch_record), and this module reads it back:
 
 Launch              the Case as it ran (materialize() uses its rows' cursors verbatim, pad rows'
                     included) + the named transformation of its inputs with its parameters
@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, field
 
 from gdn_fuzz.case import W_RING, Case, Regime, materialize, row_edges
-from gdn_fuzz.checks import TRANSFORM_NAMES, Finding, case_changes, launch_record, parse_launch
+from gdn_fuzz.findings import Finding, TRANSFORM_NAMES, case_changes, launch_record, parse_launch
 from gdn_fuzz.engine.isolation import Worker
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.properties.contract import commit_case, gate_inputs, guard_case, guard_inputs
@@ -81,7 +81,7 @@ def _transforms() -> dict:
 # name -> build(case, materialize(case), params, device) -> the launch's keyword arguments
 TRANSFORMS = _transforms()
 if set(TRANSFORMS) != set(TRANSFORM_NAMES):  # the names a stored launch may use (checks) must be these
-    raise RuntimeError(f"checks.TRANSFORM_NAMES {sorted(TRANSFORM_NAMES)} != reproducer.TRANSFORMS {sorted(TRANSFORMS)}")
+    raise RuntimeError(f"findings.TRANSFORM_NAMES {sorted(TRANSFORM_NAMES)} != reproducer.TRANSFORMS {sorted(TRANSFORMS)}")
 
 
 # ------------------------------------------------------------------ Launch
@@ -103,7 +103,7 @@ class Launch:
 
     @classmethod
     def from_dict(cls, d) -> "Launch":
-        """The Launch stored as `d`; ValueError naming the field on anything malformed (checks.parse_launch)."""
+        """The Launch stored as `d`; ValueError naming the field on anything malformed (findings.parse_launch)."""
         case, transform, params, note, changes = parse_launch(d)
         return cls(case=case, transform=transform, params=params, note=note, changes=changes)
 
@@ -155,7 +155,7 @@ def effective_case(prop: str, case: Case) -> Case:
 def finding_launch(f, prop: str | None = None, case: Case | None = None, signature: str | None = None) -> Launch:
     """The Launch of a finding.
 
-    f: a checks.Finding (its .launch), or a campaign finding / a list of findings (the launch of
+    f: a findings.Finding (its .launch), or a campaign finding / a list of findings (the launch of
     the finding with `signature`, else of the first one that has a launch).  A finding without a
     launch (a crash or a hang reported by the worker's parent) gets the effective Case of
     (prop, case) with no transformation."""

@@ -33,8 +33,9 @@ import torch
 
 from gdn_fuzz.properties.base import Property, not_exercised
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import (BITS_DIFFER, WRONG_VALUE, Finding, check_oracle, check_writes, clone_inputs, expectation,
-                             launch_record, observe, oracle_metrics, raised, same_bits)
+from gdn_fuzz.checks import check_oracle, check_writes, expectation, oracle_metrics
+from gdn_fuzz.findings import BITS_DIFFER, Finding, WRONG_VALUE, launch_record, raised
+from gdn_fuzz.observation import clone_inputs, observe, same_bits
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.targets import Target, get_target
 

@@ -6,7 +6,7 @@ The float64 oracle (gdn_fuzz.checks) can only say "close enough".  Many promises
 contract are stronger: two launches that must compute the same thing the same way must give
 the same *bits*.  Each relation here materializes a Case once, launches it as drawn (the
 base run), then launches a transformed copy of the *same* tensors and compares the two runs
-bit for bit (checks.same_bits).  Every launch gets its own clone of the inputs, because a
+bit for bit (observation.same_bits).  Every launch gets its own clone of the inputs, because a
 launch writes the rings and the pool in place.  Only live rows' outputs are compared: a pad
 row's output is uninitialized (M8).  Nothing here needs a reference implementation, so the
 same checks run against the CPU reference target and the production kernel on a GPU.
@@ -62,8 +62,9 @@ import random
 import torch
 
 from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, materialize
-from gdn_fuzz.checks import (BITS_DIFFER, BUFFERS, WRONG_VALUE, Finding, Observation, attach, check_writes,
-                             clone_inputs, launch_record, observe, raised, same_bits)
+from gdn_fuzz.checks import check_writes
+from gdn_fuzz.findings import BITS_DIFFER, Finding, WRONG_VALUE, attach, launch_record, raised
+from gdn_fuzz.observation import BUFFERS, Observation, clone_inputs, observe, same_bits
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.properties.base import Property, launch_cases, not_exercised
 from gdn_fuzz.targets import Target

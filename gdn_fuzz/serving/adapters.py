@@ -9,7 +9,7 @@ cursor, rebuild (float64 logical state, M3), watched / pad_rows_output (null-blo
                   cursors gathered per batch row from a block-keyed store, pad rows as slot -1
                   with drawn cursors, commits by the caller (C3, restart_hist_on_flush=False)
                   or by the wrapper in place (C2) then += accepted.  Every launch can be
-                  observed (checks.observe) for the launch and writes checks.
+                  observed (observation.observe) for the launch and writes checks.
   PackedAdapter   what vLLM / SGLang put between the scheduler and the kernel
                   (shared/docs/replayssm-serving.md): token-major activations with
                   query_start_loc unpacked into [B, T] (pad lanes a = -inf, zero q/k/v/b; only
@@ -44,7 +44,7 @@ import torch
 
 from gdn_fuzz.arms import get_arm, unit_roundoff
 from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, lazy_flush_min
-from gdn_fuzz.checks import observe
+from gdn_fuzz.observation import observe
 from gdn_fuzz.compare import drift_unit, table_for
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.oracles import gdn as gdn_oracle

@@ -68,7 +68,9 @@ from dataclasses import dataclass, field
 import torch
 
 from gdn_fuzz.case import LEGAL_T, RING_SLOTS, W_RING, Regime, _decay_params, draw_tokens, lazy_flush_min
-from gdn_fuzz.checks import Finding, check_oracle, check_writes, same_bits
+from gdn_fuzz.checks import check_oracle, check_writes
+from gdn_fuzz.findings import Finding
+from gdn_fuzz.observation import same_bits
 from gdn_fuzz.compare import (PAD_LANE_G_ULPS, PAD_LANE_RTOL, distance, drift_budget, drift_need, frobenius, ratio,
                               y_budget)
 from gdn_fuzz.oracles import commit as commits
@@ -168,7 +170,7 @@ class StepOut:
 
     y: per layer, the real tokens' outputs token-major [sum n, HV, V] in `rows` order;
     launch_cursors: per real row the (hist_len, cache_base) it launched with;
-    observations: checks.Observation per launch (launch / writes checks);
+    observations: observation.Observation per launch (launch / writes checks);
     inplace: C2 only, (P0, b0, P_after, b_after) int64 [B] of every batch row;
     error: a launch raised (its observation holds the exception)."""
 

@@ -509,7 +509,7 @@ def _plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _fmt(x, f=".2e"):
+def fmt_number(x, f=".2e"):
     return "-" if x is None else format(x, f)
 
 
@@ -542,11 +542,11 @@ def summary_markdown(result: dict) -> str:
                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for arm, s in run["summary"].items():
             f, j = s["fit"], s["jumps"]
-            md.append(f"| {arm} | {s['u']:.1e} | {_fmt(s['state_final'])} | {_fmt(s['state_max'])} | "
-                      f"{s['state_max_over_u']:.3f} | {_fmt(s['y_final'])} | {_fmt(s['y_max'])} | "
-                      f"{_fmt(f['slope'], '+.3f')} | {f['verdict']} | {_fmt(j['mean_log10_fold'], '+.3f')} / "
-                      f"{_fmt(j['mean_log10_other'], '+.3f')} | {_fmt(j['top1pct_at_folds'], '.2f')} "
-                      f"({_fmt(j['fold_fraction'], '.2f')}) |")
+            md.append(f"| {arm} | {s['u']:.1e} | {fmt_number(s['state_final'])} | {fmt_number(s['state_max'])} | "
+                      f"{s['state_max_over_u']:.3f} | {fmt_number(s['y_final'])} | {fmt_number(s['y_max'])} | "
+                      f"{fmt_number(f['slope'], '+.3f')} | {f['verdict']} | {fmt_number(j['mean_log10_fold'], '+.3f')} / "
+                      f"{fmt_number(j['mean_log10_other'], '+.3f')} | {fmt_number(j['top1pct_at_folds'], '.2f')} "
+                      f"({fmt_number(j['fold_fraction'], '.2f')}) |")
         md.append("")
         summ = run["summary"]
         for st16, st8 in (("bf16-state16", "bf16"), ("bf16-state16-ring16", "bf16-ring16")):
@@ -649,85 +649,3 @@ def measure_budget_grid(target="reference", device: str = "cpu", *, steps: int =
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=1))
     return out
-
-
-# ------------------------------------------------------------------ CLI
-
-
-def add_parser(subparsers):
-    """Add `gdn-fuzz drift` to the CLI (argparse subparsers)."""
-    p = subparsers.add_parser("drift", help="long-horizon drift of each dtype arm's committed state "
-                                            "(teacher-forced, float64 truth): JSON, plot, Markdown")
-    p.add_argument("--target", default="reference", help="reference | production | mutant:NAME | PATH.py")
-    p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
-    p.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="committed tokens per request")
-    p.add_argument("--batch", type=int, default=4, help="requests per launch")
-    p.add_argument("--accept", default="mtp", help="mtp | mtp:MEAN (mean accepted length at T=4) | all | one")
-    p.add_argument("--regime", default="normal",
-                   help="realistic | normal | weak | strong | 'decay=D,beta=B,keys=K,...' (gdn_fuzz.case.Regime)")
-    p.add_argument("--heads", default=None, help="H,HV (default 16,64 on CUDA, 2,4 on the CPU)")
-    p.add_argument("--record-every", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--seconds", type=float, help="wall-clock budget: stop early (marked truncated) when spent")
-    p.add_argument("--out", default="drift", help="output folder")
-    p.add_argument("--merge", nargs="+", metavar="DRIFT_JSON",
-                   help="do not run: merge the drift.json of parts of one study (split by --T / --arms and run "
-                        "in parallel) into --out")
-    p.set_defaults(func=cmd_drift)
-    return p
-
-
-def cmd_drift(args) -> int:
-    from gdn_fuzz.targets import TargetUnavailable, get_target
-
-    if args.merge:
-        parts = []
-        for f in args.merge:
-            try:
-                parts.append(json.loads(Path(f).read_text()))
-            except (OSError, ValueError) as e:
-                print(f"--merge {f}: cannot read a drift.json there ({e})")
-                return 2
-        try:
-            res = merge_results(parts)
-        except ValueError as e:
-            print(str(e))
-            return 2
-        paths = write_outputs(res, args.out)
-        print(f"merged {len(parts)} parts; written: {', '.join(str(p) for p in paths.values())}")
-        return 0
-
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cpu":
-        torch.set_num_threads(1)
-    try:
-        target = get_target(args.target)
-    except (TargetUnavailable, ValueError) as e:
-        print(f"target {args.target!r} unavailable: {e}")
-        return 2
-    why = target.unavailable_reason(args.device)
-    if why:
-        print(f"cannot run: {why}")
-        return 2
-    arms = [a.strip() for v in (args.arms or list(ARM_NAMES)) for a in v.split(",") if a.strip()]
-    heads = tuple(int(x) for x in args.heads.split(",")) if args.heads else None
-    last = [0.0]
-
-    def progress(T, step, tok):
-        if time.time() - last[0] > 10:
-            last[0] = time.time()
-            print(f"  T={T} step {step}: {tok:.0f} / {args.tokens} tokens", flush=True)
-
-    res = run_drift(target, arms, tuple(args.T), args.tokens, args.batch, args.accept, args.regime, args.seed,
-                    args.device, args.record_every, heads=heads, progress=progress, seconds=args.seconds)
-    paths = write_outputs(res, args.out)
-    for T, run in res["runs"].items():
-        for arm, s in run["summary"].items():
-            print(f"T={T} {arm:20s} state final {s['state_final']:.2e} max {s['state_max']:.2e} "
-                  f"({s['state_max_over_u']:.2f} u)  y max {s['y_max']:.2e}  slope {_fmt(s['fit']['slope'], '+.3f')} "
-                  f"({s['fit']['verdict']})")
-    print(f"written: {', '.join(str(p) for p in paths.values())}")
-    return 0

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, targe
 import torch
 
 from gdn_fuzz.arms import get_arm
-from gdn_fuzz.checks import observe, oracle_metrics
+from gdn_fuzz.checks import oracle_metrics
+from gdn_fuzz.observation import observe
 from gdn_fuzz.compare import table_for
 from gdn_fuzz.properties.base import launch_cases, not_exercised
 from gdn_fuzz.properties.relations import append_slots

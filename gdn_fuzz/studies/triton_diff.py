@@ -42,10 +42,7 @@ u = u_a + u_b (fused arms: u = compare.drift_unit).
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import sys
 import time
 from dataclasses import dataclass
 
@@ -53,7 +50,7 @@ import torch
 
 from gdn_fuzz.arms import unit_roundoff
 from gdn_fuzz.case import Regime, _decay_params, draw_tokens, lazy_flush_min
-from gdn_fuzz.checks import Finding
+from gdn_fuzz.findings import Finding
 from gdn_fuzz.compare import (F32_UNIT, F64_REPLAY_RTOL, distance, drift_budget, exact_fold_rtol, frobenius, ratio,
                               y_budget)
 from gdn_fuzz.oracles import gdn as gdn_oracle
@@ -61,7 +58,7 @@ from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.oracles.serving import StepInputs
 from gdn_fuzz.serving.adapters import DirectAdapter, TritonAdapter
 from gdn_fuzz.serving.engine import Engine, Geometry
-from gdn_fuzz.targets.triton_baseline import TRITON_CONFIGS, TorchBaselineModel, TritonBaselineServing
+from gdn_fuzz.targets.triton_baseline import TritonBaselineServing
 
 
 @dataclass
@@ -392,111 +389,3 @@ def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T
 
 
 # ------------------------------------------------------------------ command line
-
-
-def _kernels(which: str):
-    if which == "model":
-        return TorchBaselineModel
-    from gdn_fuzz.targets.triton_baseline import load_kernels
-
-    return load_kernels(interpret=(which == "interpret"))
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("triton", help="the SGLang Triton ReplaySSM baseline: properties and a differential run")
-    _add_args(p)
-    p.set_defaults(func=lambda args: _run(args))
-
-
-def _add_args(p):
-    p.add_argument("--kernels", choices=["triton", "interpret", "model"], default="triton",
-                   help="triton (GPU), interpret (TRITON_INTERPRET=1 on CPU tensors), model (torch float64 model)")
-    p.add_argument("--device", help="default: cuda when available, else cpu")
-    p.add_argument("--T", nargs="+", type=int, default=[4, 8])
-    p.add_argument("--cfgs", nargs="+", default=["bf16-ckpt32", "bf16-ckpt16"], help=f"of {', '.join(TRITON_CONFIGS)}")
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-properties", action="store_true")
-    p.add_argument("--diff", action="store_true", help="also run the differential against --fused-target")
-    p.add_argument("--fused-target", default="production")
-    p.add_argument("--fused-arms", nargs="+", default=None, help="default: all five")
-    p.add_argument("--diff-steps", type=int, default=24)
-    p.add_argument("--json", help="write the JSON record here")
-
-
-def _run(args) -> int:
-    import os
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from gdn_fuzz.arms import ARM_NAMES
-    from gdn_fuzz.targets import TargetUnavailable, get_target
-
-    con = Console(highlight=False, width=160)
-    dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.kernels == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        kern = _kernels(args.kernels)
-    except TargetUnavailable as e:
-        con.print(f"[red]Triton baseline unavailable:[/red] {e}")
-        return 2
-    rec = dict(kernels=args.kernels, source=getattr(kern, "source", "?"), device=dev, properties=[], differential=[],
-               date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    bad = False
-    if not args.no_properties:
-        tab = Table(title=f"Triton baseline properties ({args.kernels}, {dev})")
-        for col in ("T", "cfg", "findings", "state", "y", "fold rel", "fold=fp32 bits", "max ulp(max|F|)", "pad", "det", "perm", "s"):
-            tab.add_column(col)
-        for T in args.T:
-            for cfg in args.cfgs:
-                r = run_properties(kern, T=T, cfg=cfg, device=dev, steps=args.steps, seed=args.seed)
-                rec["properties"].append(r)
-                m = r["measurements"]
-                bad |= bool(r["findings"])
-                bits = f"{m['fold_bit_identical']}/{m['fold_elements']}" if m["fold_elements"] else "-"
-                tab.add_row(str(T), cfg, str(len(r["findings"])), f"{m['state_max']:.2e}", f"{m['y_max']:.2e}",
-                            f"{m['fold_max_rel']:.2e}", bits, f'{m["fold_vs_fp32_max_ulp"]:.2g}',
-                            f"{m['pad_output_max']:.1g}", str(m.get("determinism_bit_identical")),
-                            str(m.get("permutation_bit_identical")), f"{r['seconds']:.1f}")
-                for f in r["findings"]:
-                    con.print(f"  T={T} {cfg}: {f}", markup=False)
-        con.print(tab)
-    if args.diff:
-        try:
-            ft = get_target(args.fused_target)
-            why = ft.unavailable_reason(dev)
-        except (TargetUnavailable, ValueError) as e:
-            why = str(e)
-        if why:
-            con.print(f"[red]differential skipped:[/red] {why}")
-            rec["differential_skipped"] = why
-            bad = True
-        else:
-            arms = tuple(args.fused_arms or ARM_NAMES)
-            tab = Table(title=f"differential: fused {args.fused_target} vs Triton baseline (max over steps)")
-            for col in ("T", "pair", "max state div", "max y div", "max ratio to budget", "agree"):
-                tab.add_column(col)
-            for T in args.T:
-                d = run_differential(ft, arms, kern, args.cfgs, T=T, steps=args.diff_steps, seed=args.seed, device=dev)
-                rec["differential"].append(d)
-                for name, p in d["pairs"].items():
-                    bad |= not p["agree"]
-                    tab.add_row(str(T), name, f"{p['max_state']:.2e}", f"{p['max_y']:.2e}", f"{p['max_ratio']:.3f}",
-                                str(p["agree"]))
-            con.print(tab)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rec, fh, indent=1, default=str)
-    return 1 if bad else 0
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdn_fuzz.studies.triton_diff", description=__doc__.splitlines()[0])
-    _add_args(ap)
-    return _run(ap.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,8 @@ import dataclasses
 import torch
 
 from gdn_fuzz.case import Case, Regime, Row, materialize
-from gdn_fuzz.checks import clone_inputs, expectation, observe, same_bits
+from gdn_fuzz.checks import expectation
+from gdn_fuzz.observation import clone_inputs, observe, same_bits
 from gdn_fuzz.compare import relative
 from gdn_fuzz.targets import Target
 

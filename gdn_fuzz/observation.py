@@ -1,0 +1,59 @@
+"""One launch, observed: materialize the Case, copy every buffer the launch may touch, launch the
+target, keep the inputs before and after (Observation).  What the checks judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gdn_fuzz.case import Case, materialize
+from gdn_fuzz.targets import Target
+
+
+BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
+
+
+READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
+
+
+@dataclass
+class Observation:
+    case: Case
+    before: dict
+    after: dict
+    output: torch.Tensor | None
+    error: BaseException | None = None
+    from_case: bool = False  # inputs are materialize(case): their cursors are the Case's rows
+
+
+def clone_inputs(inputs: dict) -> dict:
+    """A private copy of a launch's keyword arguments: every tensor cloned, anything else kept
+    (a launch writes the rings, the pool and the cursors in place).  The one clone helper of
+    the properties (gdn_fuzz.properties) and of observe()'s "before" snapshot."""
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
+            output: torch.Tensor | None = None) -> Observation:
+    """Run one launch.  Exceptions raised by the target are kept in the Observation."""
+    from_case = inputs is None
+    inputs = materialize(case, device) if inputs is None else inputs
+    before = clone_inputs(inputs)
+    kwargs = dict(inputs)
+    if output is not None:
+        kwargs["output"] = output
+    try:
+        out = target.launch(case.arm, **kwargs)
+        err = None
+    except Exception as e:  # the target's own exception, reported as a finding by the caller
+        out, err = None, e
+    return Observation(case=case, before=before, after=inputs, output=out, error=err, from_case=from_case)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit equality (NaN == NaN when the payloads match)."""
+    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.contiguous().view(itype) == y.contiguous().view(itype)
+
