@@ -223,3 +223,30 @@ def exact_fold_rtol(u_ckpt: float, window: int, K: int) -> float:
 # Two float64 replays of the same records in different layouts (the Triton baseline's own replay and
 # oracles.ring.replay of its fused-layout mapping) differ by summation order only.
 F64_REPLAY_RTOL = 1e-12
+
+
+# ------------------------------------------------------------------ drift study regression bounds
+# The worst relative error of the committed state and of the accepted outputs measured by the drift
+# study (gdn_fuzz.studies.drift) in two fixed configurations; a later run of the same configuration must
+# stay within STUDY_MARGIN x these (tests/test_drift.py).  CPU: reference target, 512 tokens, batch 2,
+# H=2, HV=4, normal decay, worst of 8 runs (2026-11-29).  H200: production kernel, H=16, HV=64, batch 4,
+# 32,768 tokens, MTP-like acceptance, normal decay (2026-11-29, docs/drift-h200.md).  The measurement
+# logs and their scope are in docs/tolerances.md, "Drift study bounds".
+STUDY_MARGIN = 4.0
+STUDY_CPU_STATE = {"bf16": 3.541e-3, "bf16-state16": 3.111e-3}
+
+STUDY_CPU_Y = {"bf16": 1.114e-3, "bf16-state16": 1.008e-3}
+
+STUDY_H200_STATE = {
+    ("4", "bf16"): 5.492e-03, ("4", "bf16-state16"): 5.488e-03, ("4", "bf16-ring16"): 4.989e-03,
+    ("4", "bf16-state16-ring16"): 4.422e-03, ("4", "fp16"): 6.912e-04, ("8", "bf16"): 5.612e-03,
+    ("8", "bf16-state16"): 5.600e-03, ("8", "bf16-ring16"): 4.958e-03, ("8", "bf16-state16-ring16"): 4.649e-03,
+    ("8", "fp16"): 7.567e-04,
+}
+
+STUDY_H200_Y = {
+    ("4", "bf16"): 2.248e-03, ("4", "bf16-state16"): 2.248e-03, ("4", "bf16-ring16"): 2.254e-03,
+    ("4", "bf16-state16-ring16"): 2.219e-03, ("4", "fp16"): 3.769e-04, ("8", "bf16"): 2.339e-03,
+    ("8", "bf16-state16"): 2.339e-03, ("8", "bf16-ring16"): 2.340e-03, ("8", "bf16-state16-ring16"): 2.182e-03,
+    ("8", "fp16"): 3.143e-04,
+}

@@ -15,7 +15,7 @@ acceptance, normal decay):
     (a regression test for a harness bug found while writing this: arms whose dtype equals
     the bf16 master copy shared, and co-folded, one pool tensor);
   * the regression bound: each arm's worst state and output error stays under DRIFT_BOUND /
-    Y_BOUND below (measured now, provenance beside them) and its log-log growth slope says
+    Y_BOUND below (gdn_fuzz.compare, provenance in docs/tolerances.md) and its log-log growth slope says
     "bounded";
   * planted bugs break the bound: reference mutants that corrupt the fold or the stored g
     (gdn_fuzz.targets.mutants) exceed it by orders of magnitude.
@@ -28,6 +28,7 @@ import json
 import pytest
 
 from gdn_fuzz.cli import main as cli_main
+from gdn_fuzz.compare import STUDY_CPU_STATE, STUDY_CPU_Y, STUDY_H200_STATE, STUDY_H200_Y, STUDY_MARGIN
 from gdn_fuzz.studies.drift import draw_accepts, expected_accept, mtp_p, parse_accept, run_drift, write_outputs
 
 
@@ -36,34 +37,10 @@ HORIZON = 512
 CFG = dict(Ts=(4, 8), tokens=HORIZON, batch=2, accept="mtp", regime="normal", seed=0, device="cpu",
            record_every=1)
 
-# ------------------------------------------------------------------ the bound and its provenance
-# Worst relative error of the committed state (||rebuilt - truth||_F / ||truth||_F per request
-# and v-head, max over the run) and of the accepted outputs (||y - y_truth||_F / ||y magnitude||_F,
-# gdn_fuzz.studies.drift's module doc), per arm, on the reference target, for the regime tested here.
-#
-# Measured 2026-11-29 on the CPU (torch 2.13.0+cpu, one thread) with gdn_fuzz.studies.drift.run_drift:
-# reference target, 512 committed tokens per request, batch 2, H=2, HV=4, lazy flush_min,
-# caller commit (C3), normal decay (gdn_fuzz.case: g ~ -0.05 .. -1 per token), every run of
-# T {4, 8} x accept {mtp seed 0, mtp seed 1, all, one}: 8 runs per arm.  Worst of the 8:
-#   state: bf16 3.541e-3 (accept one, T=8), bf16-state16 3.111e-3 (one, T=8)
-#   y:     bf16 1.114e-3 (one, T=8),        bf16-state16 1.008e-3 (one, T=4)
-# The configuration run here (mtp, seed 0) measured state 3.386e-3 / 3.398e-3 (bf16, T=4 / 8)
-# and 2.983e-3 / 2.927e-3 (bf16-state16), y 6.8e-4 / 8.0e-4 (both arms).  Bound = DRIFT_MARGIN x
-# the worst of the 8: a margin of 4 covers other seeds, batch sizes and thread counts at this
-# horizon (bf16's state error is ~0.9 u(bf16) and flat: slope +0.01 in log-log).
-#
-# Scope: normal decay at 512 tokens on the reference target.  Not a bound for other regimes:
-# the same grid with weak decay reached bf16 7.6e-3 (slope +0.25, a transient: memory outlasts
-# 512 tokens) and with weak decay + beta near 0 bf16 2.95e-2 with slope +0.79 (accept one, T=8:
-# the bf16-checkpoint stagnation corner described at gdn_fuzz.compare.DRIFT_C, where a fold's
-# decay e^{G_P} is within a bf16 ulp of 1); fp16 state stays at 1.6e-3 there.  Nor for the
-# production kernel (its extra IO roundings, N3) or the 32k-token horizon: the H200 study
-# measures those with `gdn-fuzz drift`.
-MEASURED_STATE = {"bf16": 3.541e-3, "bf16-state16": 3.111e-3}
-MEASURED_Y = {"bf16": 1.114e-3, "bf16-state16": 1.008e-3}
-DRIFT_MARGIN = 4.0
-DRIFT_BOUND = {a: DRIFT_MARGIN * v for a, v in MEASURED_STATE.items()}  # 1.42e-2, 1.24e-2
-Y_BOUND = {a: DRIFT_MARGIN * v for a, v in MEASURED_Y.items()}  # 4.46e-3, 4.03e-3
+# ------------------------------------------------------------------ the bound
+# compare.STUDY_CPU_STATE / STUDY_CPU_Y (measured, provenance in docs/tolerances.md, "Drift study bounds")
+DRIFT_BOUND = {a: STUDY_MARGIN * v for a, v in STUDY_CPU_STATE.items()}
+Y_BOUND = {a: STUDY_MARGIN * v for a, v in STUDY_CPU_Y.items()}
 
 # planted bugs: (mutant, what it breaks); each must push some arm past DRIFT_BOUND.
 # Measured at this configuration (T = 4, worst arm's state error): fold_no_bdec 8.98,
@@ -135,7 +112,7 @@ def test_drift_regression_bound(reference_run):
             s = run["summary"][arm]
             assert s["state_max"] <= DRIFT_BOUND[arm], (
                 f"T={T} {arm}: state drift {s['state_max']:.3e} > bound {DRIFT_BOUND[arm]:.3e} "
-                f"({DRIFT_MARGIN} x measured {MEASURED_STATE[arm]:.3e})")
+                f"({STUDY_MARGIN} x measured {STUDY_CPU_STATE[arm]:.3e})")
             assert s["y_max"] <= Y_BOUND[arm], (
                 f"T={T} {arm}: output drift {s['y_max']:.3e} > bound {Y_BOUND[arm]:.3e}")
             assert s["fit"]["verdict"] == "bounded", (T, arm, s["fit"])
@@ -201,23 +178,7 @@ def test_seconds_budget_truncates_and_says_so(tmp_path):
 
 
 # ------------------------------------------------------------------ the H200 bound (production kernel)
-# Provenance: the H200 study of 2026-11-29 (docs/drift-h200.md, study mtp_normal: production kernel,
-# H=16, HV=64, batch 4, 32,768 committed tokens, MTP-like acceptance, normal decay, seed 0, record every
-# 4th step): the largest state / output error over the whole horizon, per (T, arm).  The errors are
-# flat in that study (log-log slopes within +-0.003), so a shorter run must stay under the same maxima;
-# the bound is DRIFT_MARGIN x these.  It passed on the H200 (2,048 tokens, 2026-11-29, docs/drift-h200.md).
-H200_STATE = {
-    ("4", "bf16"): 5.492e-03, ("4", "bf16-state16"): 5.488e-03, ("4", "bf16-ring16"): 4.989e-03,
-    ("4", "bf16-state16-ring16"): 4.422e-03, ("4", "fp16"): 6.912e-04, ("8", "bf16"): 5.612e-03,
-    ("8", "bf16-state16"): 5.600e-03, ("8", "bf16-ring16"): 4.958e-03, ("8", "bf16-state16-ring16"): 4.649e-03,
-    ("8", "fp16"): 7.567e-04,
-}
-H200_Y = {
-    ("4", "bf16"): 2.248e-03, ("4", "bf16-state16"): 2.248e-03, ("4", "bf16-ring16"): 2.254e-03,
-    ("4", "bf16-state16-ring16"): 2.219e-03, ("4", "fp16"): 3.769e-04, ("8", "bf16"): 2.339e-03,
-    ("8", "bf16-state16"): 2.339e-03, ("8", "bf16-ring16"): 2.340e-03, ("8", "bf16-state16-ring16"): 2.182e-03,
-    ("8", "fp16"): 3.143e-04,
-}
+# compare.STUDY_H200_STATE / STUDY_H200_Y: the H200 study's maxima (provenance in docs/tolerances.md)
 H200_HORIZON = 2048
 
 
@@ -232,10 +193,10 @@ def test_production_drift_bound(gdn_selection):
                     regime="normal", seed=0, device=device, record_every=4)
     for T, run in res["runs"].items():
         for arm, s in run["summary"].items():
-            assert s["state_max"] <= DRIFT_MARGIN * H200_STATE[(T, arm)], (
-                f"T={T} {arm}: state drift {s['state_max']:.3e} > {DRIFT_MARGIN} x {H200_STATE[(T, arm)]:.3e}")
-            assert s["y_max"] <= DRIFT_MARGIN * H200_Y[(T, arm)], (
-                f"T={T} {arm}: output drift {s['y_max']:.3e} > {DRIFT_MARGIN} x {H200_Y[(T, arm)]:.3e}")
+            assert s["state_max"] <= STUDY_MARGIN * STUDY_H200_STATE[(T, arm)], (
+                f"T={T} {arm}: state drift {s['state_max']:.3e} > {STUDY_MARGIN} x {STUDY_H200_STATE[(T, arm)]:.3e}")
+            assert s["y_max"] <= STUDY_MARGIN * STUDY_H200_Y[(T, arm)], (
+                f"T={T} {arm}: output drift {s['y_max']:.3e} > {STUDY_MARGIN} x {STUDY_H200_Y[(T, arm)]:.3e}")
 
 
 def test_measure_budget_on_the_engine():
