@@ -500,75 +500,29 @@ def check_bad(target: Target, bad: Bad, arm: str) -> None:
 
 # --------------------------------------------------------------------------- H1 - H16
 
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H1"])
-def test_h1_required_argument_none(target, bad, arm):
-    """H1: None q/k/v/b/pool -> bare AssertionError (empty message, argument not named);
-    None a / A_log / dt_bias -> AttributeError."""
-    check_bad(target, bad, arm)
+HOST_CHECKS = {  # clause -> what an illegal call raises (the contract's H clauses)
+    'H1': 'None q/k/v/b/pool -> bare AssertionError (empty message, argument not named); None a / A_log / dt_bias -> AttributeError.',
+    'H2': 'recovery_steps, disable_output, intermediate_states_buffer, accepted_steps, ssm_state_indices, output_state_indices -> NotImplementedError.',
+    'H3': 'softplus_beta != 1, softplus_threshold != 20, use_qk_l2norm_in_kernel=False -> AssertionError.',
+    'H4': "a pool not in the arm's STATE dtype -> AssertionError naming the expected dtype.",
+    'H5': 'K or V != 128 -> AssertionError; non-4-D q -> ValueError from the unpack.',
+    'H6': "q, k, v, a or b not in the arm's IO dtype -> AssertionError 'module compiled for <IO> IO' whose message lists the offending argument's dtype.",
+    'H7': 'missing k_cache/u_cache/g_cache/hist_len -> AssertionError (one message for all four).',
+    'H8': "pool or ring with non-dense inner dims (or dim-0 stride too small) -> AssertionError '<name>: inner dims must be dense'.",
+    'H9': 'ring dtypes and shapes -> AssertionError (bare for u_cache shape and all g_cache checks).',
+    'H10': 'hist_len not int32 or not of length B -> bare AssertionError.',
+    'H11': 'restart_hist_on_flush=True: None cache_base -> ValueError, non-contiguous cursors -> AssertionError, cursor ranges -> AssertionError (pad rows included). Production on a CPU-only torch raises RuntimeError from torch.cuda.is_current_stream_capturing() before the ranges.',
+    'H12': 'cache_base not int32 or not of length B -> bare AssertionError.',
+    'H13': 'T not in {4, 8} -> NotImplementedError naming T.',
+    'H14': 'flush_min outside [1, 17-T] -> AssertionError naming flush_min and the range.',
+    'H16': 'a block-strided (dim 0) pool or ring without strided-QKV mode -> NotImplementedError. Production checks it after H15, so with CPU tensors it raises the H15 ValueError instead.',
+}
 
 
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H2"])
-def test_h2_unsupported_flags(target, bad, arm):
-    """H2: recovery_steps, disable_output, intermediate_states_buffer, accepted_steps,
-    ssm_state_indices, output_state_indices -> NotImplementedError."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H3"])
-def test_h3_softplus_and_l2norm(target, bad, arm):
-    """H3: softplus_beta != 1, softplus_threshold != 20, use_qk_l2norm_in_kernel=False -> AssertionError."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H4"])
-def test_h4_pool_dtype(target, bad, arm):
-    """H4: a pool not in the arm's STATE dtype -> AssertionError naming the expected dtype."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H5"])
-def test_h5_head_dims(target, bad, arm):
-    """H5: K or V != 128 -> AssertionError; non-4-D q -> ValueError from the unpack."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H6"])
-def test_h6_io_dtype(target, bad, arm):
-    """H6: q, k, v, a or b not in the arm's IO dtype -> AssertionError 'module compiled for <IO> IO'
-    whose message lists the offending argument's dtype."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H7"])
-def test_h7_rings_required(target, bad, arm):
-    """H7: missing k_cache/u_cache/g_cache/hist_len -> AssertionError (one message for all four)."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H8"])
-def test_h8_inner_dims_dense(target, bad, arm):
-    """H8: pool or ring with non-dense inner dims (or dim-0 stride too small) -> AssertionError
-    '<name>: inner dims must be dense'."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H9"])
-def test_h9_ring_dtype_and_shape(target, bad, arm):
-    """H9: ring dtypes and shapes -> AssertionError (bare for u_cache shape and all g_cache checks)."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H10"])
-def test_h10_hist_len_dtype_and_length(target, bad, arm):
-    """H10: hist_len not int32 or not of length B -> bare AssertionError."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H11"])
-def test_h11_restart_cursors(target, bad, arm):
-    """H11: restart_hist_on_flush=True: None cache_base -> ValueError, non-contiguous cursors ->
-    AssertionError, cursor ranges -> AssertionError (pad rows included).  Production on a CPU-only
-    torch raises RuntimeError from torch.cuda.is_current_stream_capturing() before the ranges."""
+@pytest.mark.parametrize("bad,arm", [p for c in HOST_CHECKS for p in BAD_BY_CLAUSE[c]])
+def test_host_check_raises(target, bad, arm):
+    """Each illegal call of BAD_BY_CLAUSE (ids: clause-case-arm) raises what HOST_CHECKS[clause] says: the
+    same exception type and message as the released module (check_bad)."""
     check_bad(target, bad, arm)
 
 
@@ -584,18 +538,6 @@ def test_h11_ranges_unchecked_without_restart(target):
         target.launch(ARM0, **kw)
 
 
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H12"])
-def test_h12_cache_base_dtype_and_length(target, bad, arm):
-    """H12: cache_base not int32 or not of length B -> bare AssertionError."""
-    check_bad(target, bad, arm)
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H13"])
-def test_h13_T_not_4_or_8(target, bad, arm):
-    """H13: T not in {4, 8} -> NotImplementedError naming T."""
-    check_bad(target, bad, arm)
-
-
 @HYP
 @given(T=st.integers(0, 24).filter(lambda t: t not in (4, 8)),
        flush_min=st.none() | st.integers(-5, 30))
@@ -604,12 +546,6 @@ def test_h13_any_T_rejected_before_flush_min(target, T, flush_min):
     whatever flush_min is: H13 runs before the flush_min check."""
     kw = with_T(valid_kwargs(flush_min=flush_min), T)
     expect_reject(target, ARM0, kw, NotImplementedError, "H13", E(f"{ENTRY}: T={T} unsupported"))
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H14"])
-def test_h14_flush_min_range(target, bad, arm):
-    """H14: flush_min outside [1, 17-T] -> AssertionError naming flush_min and the range."""
-    check_bad(target, bad, arm)
 
 
 @HYP
@@ -664,13 +600,6 @@ def test_h15_valid_cpu_call_restart_true(target):
         target.launch(ARM0, **kw)
         # C2: row 1 (P=13 >= 13) flushed: base (30+13)&31 = 11, len 0; row 0 untouched
         assert kw["hist_len"].tolist() == [3, 0] and kw["cache_base"].tolist() == [5, 11]
-
-
-@pytest.mark.parametrize("bad,arm", BAD_BY_CLAUSE["H16"])
-def test_h16_block_strided_pool(target, bad, arm):
-    """H16: a block-strided (dim 0) pool or ring without strided-QKV mode -> NotImplementedError.
-    Production checks it after H15, so with CPU tensors it raises the H15 ValueError instead."""
-    check_bad(target, bad, arm)
 
 
 @pytest.mark.parametrize("what", ["k-K=64", "hist_len-2D"])

@@ -435,6 +435,14 @@ def _extend_pool(t: torch.Tensor, n: int) -> torch.Tensor:
 # gdn_fuzz.engine.reproducer rebuilds the transformed launch from them with the same builder.
 
 
+def _drawn(name: str, params, why: str):
+    """A relation's drawn parameters; None (the case cannot exercise the relation) is recorded as the
+    Hypothesis event "metamorphic.NAME: nothing exercised: WHY"."""
+    if params is None:
+        not_exercised(f"metamorphic.{name}", why)
+    return params
+
+
 def batch_perm_params(case: Case) -> dict | None:
     if case.B < 2:
         return None
@@ -454,9 +462,8 @@ def batch_perm_inputs(case: Case, inputs: dict, params: dict):
 def batch_perm(target, case, device, inputs, a) -> list[Finding]:
     """R1: permuting the batch rows (one cycle moving every row) permutes y and leaves the
     same pool and rings; committed cursors are permuted with their rows."""
-    params = batch_perm_params(case)
+    params = _drawn("batch_perm", batch_perm_params(case), "one batch row")
     if params is None:
-        not_exercised("metamorphic.batch_perm", "one batch row")
         return []
     perm = params["perm"]
     pt = torch.tensor(perm, device=inputs["q"].device)
@@ -512,9 +519,8 @@ def slot_move(target, case, device, inputs, a) -> list[Finding]:
     a slot no row uses (appended to the pool when none is free): its pool row and its rings
     are copied there and the vacated slot is filled with NaN.  y is bitwise the same, the new
     slot after equals the old slot after, and the vacated slot keeps its NaN."""
-    params = slot_move_params(case)
+    params = _drawn("slot_move", slot_move_params(case), "no live row")
     if params is None:
-        not_exercised("metamorphic.slot_move", "no live row")
         return []
     r, u, pool2 = params["row"], params["to"], params["pool"]
     s = case.rows[r].slot
@@ -564,9 +570,8 @@ def pool_relabel(target, case, device, inputs, a) -> list[Finding]:
     """M3, M5, M7: relabelling every pool slot by a permutation sigma (pool rows and rings
     moved to sigma(slot), indices mapped through sigma) changes no bit of y and relabels the
     buffers after the same way."""
-    params = pool_relabel_params(case)
+    params = _drawn("pool_relabel", pool_relabel_params(case), "one pool slot")
     if params is None:
-        not_exercised("metamorphic.pool_relabel", "one pool slot")
         return []
     sigma = params["sigma"]
     st = torch.tensor(sigma, device=inputs["q"].device)
@@ -613,9 +618,8 @@ def isolation(target, case, device, inputs, a) -> list[Finding]:
     each group runs with the other rows turned into pad rows (same batch size and positions).
     Its rows' y, pool rows, rings and cursors are bitwise those of the full run, and no slot
     of the padded rows is touched."""
-    groups = isolation_params(case)
+    groups = _drawn("isolation", isolation_params(case), "fewer than two live rows")
     if groups is None:
-        not_exercised("metamorphic.isolation", "fewer than two live rows")
         return []
     out = []
     dev = inputs["q"].device
@@ -679,9 +683,8 @@ def rotation(target, case, device, inputs, a) -> list[Finding]:
     row's cache_base grows by r in [1, 31] and its pool slot's 32 ring slots are rolled by r
     (the same logical window): y is bitwise unchanged, the rings after are the base run's
     rolled by r, the pool is unchanged and the committed cache_base is shifted by r."""
-    params = rotation_params(case)
+    params = _drawn("rotation", rotation_params(case), "no live row")
     if params is None:
-        not_exercised("metamorphic.rotation", "no live row")
         return []
     rot = {i: r for i, r in params["rotations"]}
     shift = torch.zeros(case.B, dtype=torch.int32, device=inputs["q"].device)

@@ -546,14 +546,11 @@ class Engine:
             rat = ratio(err, allowed)
             metrics.append(dict(rids=[x.rid for x in rows], Y=Y, mask=mask, err=err, mag=mag, rel=ratio(err, mag),
                                 ratio=rat))
-            if float(rat.max()) > 1.0:
-                i, h = divmod(int(rat.argmax()), rat.shape[1])
-                x = rows[i]
-                findings.append(Finding(
-                    "serving.ragged", "M4",
-                    f"{name} layer {l}: request {x.rid} (block {x.block}, {x.n} real tokens, age {int(ages[i])}): "
-                    f"gathered outputs are {float(err[i, h] / mag[i, h].clamp_min(1e-300)):.3e} (relative to "
-                    f"the magnitude) from the float64 truth", head=h, value=float(rat[i, h]), tol=1.0))
+            findings += _over_budget(
+                "serving.ragged", "M4", rat, err, mag,
+                lambda i: f"{name} layer {l}: request {rows[i].rid} (block {rows[i].block}, {rows[i].n} real tokens, "
+                          f"age {int(ages[i])}): gathered outputs are",
+                "(relative to the magnitude) from the float64 truth")
         return findings, metrics
 
     def _check_trajectory(self, name, ad):
@@ -583,15 +580,12 @@ class Engine:
             self.worst_ratio = max(self.worst_ratio, float(rat.max()))
             metrics.append(dict(rids=[r.rid for r in reqs], S=S, err=err, den=den, rel=ratio(err, den), need=need,
                                 ratio=rat))
-            if float(rat.max()) > 1.0:
-                j, h = divmod(int(rat.argmax()), rat.shape[1])
-                r = reqs[j]
-                findings.append(Finding(
-                    "serving.trajectory", "M3",
-                    f"{name} layer {l}: request {r.rid} (block {r.block}, cursors {curs[j]}, age {r.age}): the state "
-                    f"rebuilt from the checkpoint + window is {float(err[j, h] / den[j, h].clamp_min(1e-300)):.3e} "
-                    f"(relative) from the sequential truth; budget compare.drift_budget (u={ad.u:.3g}, "
-                    f"atol floor {ad.atol:.1e}/element)", head=h, value=float(rat[j, h]), tol=1.0))
+            findings += _over_budget(
+                "serving.trajectory", "M3", rat, err, den,
+                lambda j: f"{name} layer {l}: request {reqs[j].rid} (block {reqs[j].block}, cursors {curs[j]}, age "
+                          f"{reqs[j].age}): the state rebuilt from the checkpoint + window is",
+                f"(relative) from the sequential truth; budget compare.drift_budget (u={ad.u:.3g}, atol floor "
+                f"{ad.atol:.1e}/element)")
         return findings, metrics
 
     def _check_pad_lanes(self, name, ad, rows) -> list[Finding]:
@@ -619,14 +613,11 @@ class Engine:
             S_pad, GP = ad.rebuild(l, blocks, c_pad)
             err, den = distance(S_pad, S_real, (-2, -1)), frobenius(S_real, (-2, -1))
             rat = ratio(err, (PAD_LANE_RTOL + PAD_LANE_G_ULPS * GP.abs()) * den)
-            if float(rat.max()) > 1.0:
-                j, h = divmod(int(rat.argmax()), rat.shape[1])
-                x = sel[j][1]
-                out.append(Finding(
-                    "serving.pad_lanes", "M1",
-                    f"{name} layer {l}, request {x.rid} ({x.n} real of {T} lanes): replaying the pad lanes' records "
-                    f"changes the state by {float(err[j, h] / den[j, h].clamp_min(1e-300)):.3e} (relative); a pad lane "
-                    f"must be an identity update (a = -inf, zero q/k/v/b)", head=h, value=float(rat[j, h]), tol=1.0))
+            out += _over_budget(
+                "serving.pad_lanes", "M1", rat, err, den,
+                lambda j: f"{name} layer {l}, request {sel[j][1].rid} ({sel[j][1].n} real of {T} lanes): replaying "
+                          f"the pad lanes' records changes the state by",
+                "(relative); a pad lane must be an identity update (a = -inf, zero q/k/v/b)")
         return out
 
     def _check_null_block(self, name, ad, batch, before) -> list[Finding]:
@@ -646,6 +637,16 @@ class Engine:
             if not bool(same_bits(now, pad_out[key]).all()):
                 out.append(Finding("serving.null_block", "M8", f"{name}: {key}: output rows of pad rows were written"))
         return out
+
+
+def _over_budget(check: str, clause: str, rat, err, den, where, what: str) -> list[Finding]:
+    """[] when every (row, head) of rat = err / allowed is within budget, else one Finding for the worst:
+    where(row) + " <err/den> " + what, with the ratio as its value (tolerance 1)."""
+    if float(rat.max()) <= 1.0:
+        return []
+    i, h = divmod(int(rat.argmax()), rat.shape[1])
+    rel = float(err[i, h] / den[i, h].clamp_min(1e-300))
+    return [Finding(check, clause, f"{where(i)} {rel:.3e} {what}", head=h, value=float(rat[i, h]), tol=1.0)]
 
 
 def _null_snapshot(ad, batch):
