@@ -106,3 +106,21 @@ def test_another_projects_hypothesis_settings_are_left_alone(pytester, monkeypat
     res.stdout.fnmatch_lines(["*EXAMPLES 100*"])
     res = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--gdn-target", "reference")
     res.stdout.fnmatch_lines(["*EXAMPLES 15*"])
+
+
+def test_a_users_test_file_gets_the_fixtures_and_thread_policy(pytester, monkeypatch):
+    """A project of its own (no conftest of gdn_fuzz's) gets target_under_test and the one-thread torch
+    policy from the plugin in a gdn_fuzz session (a --gdn-* option): the fixture names the target chosen."""
+    monkeypatch.delenv("GDN_FUZZ_TORCH_THREADS", raising=False)
+    pytester.makepyfile(test_user='''
+import torch
+
+
+def test_uses_the_fixture(target_under_test):
+    target, arms, device = target_under_test
+    print("TARGET", target.name, ",".join(arms), device, "THREADS", torch.get_num_threads())
+''')
+    res = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--gdn-target", "reference",
+                                        "--gdn-arms", "bf16", "--gdn-device", "cpu")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*TARGET reference bf16 cpu THREADS 1*"])
