@@ -18,6 +18,7 @@ from hypothesis.errors import InvalidArgument
 
 from gdn_fuzz.case import Case
 from gdn_fuzz.targets import Target
+from gdn_fuzz.strategies import cases
 
 
 def note(label: str) -> None:
@@ -37,8 +38,6 @@ def not_exercised(prop: str, why: str) -> None:
 
 def launch_cases(**kw):
     """The default strategy factory: legal launches (gdn_fuzz.strategies.cases)."""
-    from gdn_fuzz.strategies import cases
-
     return cases(**kw)
 
 

@@ -46,11 +46,10 @@ from gdn_fuzz.arms import get_arm, unit_roundoff
 from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, lazy_flush_min
 from gdn_fuzz.observation import observe
 from gdn_fuzz.compare import drift_unit, table_for
-from gdn_fuzz.oracles import commit as commits
-from gdn_fuzz.oracles import gdn as gdn_oracle
-from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles import commit as commits, gdn as gdn_oracle, ring as ring_oracle
 from gdn_fuzz.serving.engine import NULL_BLOCK, Batch, Sched, StepOut
 from gdn_fuzz.targets import Target
+from gdn_fuzz.targets.triton_baseline import TritonBaselineServing, flush_min_of, triton_io_ckpt
 
 COMMITS = ("caller", "standalone")
 
@@ -83,7 +82,6 @@ class Adapter:
 
     def release(self, rid: int, block: int) -> None:
         """The request left `block` (retired or preempted); the ring stays as garbage."""
-
     def watched(self) -> dict:
         return {}
 
@@ -331,7 +329,6 @@ class PackedAdapter(FusedAdapter):
 
     def _after_layer(self, layer: int) -> None:
         """Nothing: the cursors are shared by every layer and committed once per step."""
-
     def _after_step(self) -> None:
         self._commit()
 
@@ -572,7 +569,6 @@ class TritonAdapter(Adapter):
 
     def __init__(self, kernels, geo, cfg: str = "bf16-ckpt32", device: str = "cpu", seed: int = 0, *,
                  ring: int = RING_SLOTS, L: int | None = None, name: str | None = None):
-        from gdn_fuzz.targets.triton_baseline import flush_min_of, triton_io_ckpt
 
         super().__init__(geo, device, seed, name or f"triton:{cfg}")
         if geo.layers != 1:
@@ -589,8 +585,6 @@ class TritonAdapter(Adapter):
         return f"TritonAdapter {getattr(self.kernels, 'name', '?')} {self.cfg} ring={self.ring} L={self.L}"
 
     def set_params(self, A_log, dt_bias):
-        from gdn_fuzz.targets.triton_baseline import TritonBaselineServing
-
         g = self.geo
         self.tb = TritonBaselineServing(self.kernels, n_requests=g.blocks - 1, H=g.H, HV=g.HV, K=g.K, V=g.K, T=g.T,
                                         A_log=A_log[0], dt_bias=dt_bias[0], io=self.io, ckpt=self.state,

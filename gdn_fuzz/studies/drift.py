@@ -110,6 +110,7 @@ from gdn_fuzz.case import BETAS, DECAYS, KEYS, Regime, _decay_params, draw_token
 from gdn_fuzz.compare import drift_unit
 from gdn_fuzz.serving.adapters import COMMITS, DirectAdapter
 from gdn_fuzz.serving.engine import K_DIM, V_DIM, Engine, Geometry
+from gdn_fuzz.targets import get_target
 
 DEFAULT_TOKENS = 32768
 MTP_MEAN_T4 = 3.5
@@ -247,7 +248,6 @@ def run_drift(target, arms=("bf16", "fp16"), Ts=(4, 8), tokens: int = DEFAULT_TO
     tokens_reached), so a long study on a time-limited machine still returns its data.
     Returns a JSON-ready dict (see write_outputs).
     """
-    from gdn_fuzz.targets import get_target
 
     if isinstance(target, str):
         target = get_target(target)
@@ -616,7 +616,6 @@ def measure_budget_grid(target="reference", device: str = "cpu", *, steps: int =
     every launch: the most STATE roundings), the commit style alternates with the seed.  Geometry
     H=2, HV=4, 8 blocks, B=8 (every block busy).  Returns {"per_arm": worst need per arm, "runs": [...]}
     and writes it to json_path if given; `log` gets one line per run (None: silent)."""
-    from gdn_fuzz.targets import get_target
 
     t = get_target(target) if isinstance(target, str) else target
     per_arm: dict[str, float] = {}

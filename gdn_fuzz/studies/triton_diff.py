@@ -53,12 +53,12 @@ from gdn_fuzz.case import Regime, _decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.findings import Finding
 from gdn_fuzz.compare import (F32_UNIT, F64_REPLAY_RTOL, distance, drift_budget, exact_fold_rtol, frobenius, ratio,
                               y_budget)
-from gdn_fuzz.oracles import gdn as gdn_oracle
-from gdn_fuzz.oracles import ring as ring_oracle
+from gdn_fuzz.oracles import gdn as gdn_oracle, ring as ring_oracle
 from gdn_fuzz.oracles.serving import StepInputs
 from gdn_fuzz.serving.adapters import DirectAdapter, TritonAdapter
 from gdn_fuzz.serving.engine import Engine, Geometry
 from gdn_fuzz.targets.triton_baseline import TritonBaselineServing
+from gdn_fuzz.studies.drift import draw_accepts, parse_accept
 
 
 @dataclass
@@ -84,7 +84,6 @@ class Stream:
 def make_stream(seed: int, T: int, R: int, steps: int, H: int = 1, HV: int = 2, K: int = 128, V: int = 128,
                 decay: str = "normal", accept: str = "random") -> Stream:
     """accept: random (uniform 1..T) | all | one | mtp (gdn_fuzz.studies.drift's truncated-geometric drafter)."""
-    from gdn_fuzz.studies.drift import draw_accepts, parse_accept
 
     reg = Regime(decay=decay)
     gen = torch.Generator().manual_seed(seed * 7919 + T)
