@@ -43,7 +43,7 @@ for step in "$@"; do
     suite)
       [ -d /tmp/gdn/site ] || { echo "bundle gone from /tmp/gdn"; exit 3; }
       timeout "${SUITE_S:-420}" python3 -m pytest tests -n "${SUITE_N:-4}" -p no:cacheprovider -q -rfEx \
-        --gdn-target production --gdn-corpus "$R/corpus" --durations=10 > "$R/suite.txt" 2>&1
+        --gdn-target production --gdn-corpus "$R/corpus" --durations=10 ${SUITE_FLAGS:-} > "$R/suite.txt" 2>&1
       echo "suite rc=$?" ;;
     campaign)
       [ -d /tmp/gdn/site ] || { echo "bundle gone from /tmp/gdn"; exit 3; }
