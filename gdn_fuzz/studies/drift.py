@@ -76,22 +76,8 @@ error against committed tokens, log-log, one line per arm, a panel per T for the
 for y) and drift.md (final and max error per arm, fp16 state vs bf16 state, jump analysis,
 and a least-squares slope of log10(error) against log10(tokens), see `growth_fit`).
 
-The regression bound for the CPU horizon lives in tests/test_drift.py, beside its
-measurement.
-
-Measured on the CPU, reference target (2026-11-29, torch 2.13.0+cpu, batch 2, H=2, HV=4, all
-five arms, T 4 and 8, seed 0; the reference rounds only at the stores, N3, so the production
-kernel will add to these):
-  normal decay, accept mtp, 32,768 tokens (368 s): every arm flat (slopes -0.001..+0.003);
-    max state error bf16 3.6e-3 (0.93 u), bf16-state16 3.3e-3, bf16-ring16 2.5e-3,
-    bf16-state16-ring16 and fp16 4.6e-4; the largest 1% of per-request jumps fall at folds
-    (97-100%, against a fold share of 24% / 46% at T = 4 / 8).  fp16 state beats bf16 state
-    by x1.1 with a bf16 ring (the ring's u records dominate) and by x5.7 with an fp16 ring.
-  realistic (assumed) regime, accept mtp, 8,192 tokens: flat, max 3.4e-3 (bf16), 4.0e-4 (fp16).
-  weak decay + beta near 0, accept one, 4,096 tokens: bf16-STATE arms grow systematically
-    (slope +0.88 / +0.90; 9.6e-2 at T = 4 and 1.9e-1 at T = 8 after 4,096 tokens: the fold
-    cannot represent a decay within a bf16 ulp of 1, see gdn_fuzz.compare.DRIFT_C), fp16-STATE
-    arms like a random walk (slope +0.49; 3.6e-3 / 4.3e-3).
+The regression bounds of two fixed configurations are compare.STUDY_* (tests/test_drift.py checks
+them); what the study measured is in docs/drift-cpu/README.md and docs/drift-h200.md.
 """
 
 from __future__ import annotations
