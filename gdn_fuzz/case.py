@@ -22,10 +22,11 @@ import torch
 
 from gdn_fuzz.arms import ARM_NAMES, Arm, get_arm
 from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
 
 CASE_VERSION = 1
-RING_SLOTS = 32
-W_RING = 16
+RING_SLOTS = ring_oracle.RING_SLOTS  # 32 ring slots (D3; the spec's constants, oracles.ring)
+W_RING = ring_oracle.W_RING  # 16: the longest window
 
 
 def lazy_flush_min(T: int) -> int:

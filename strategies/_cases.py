@@ -23,10 +23,8 @@ from functools import lru_cache
 from hypothesis import strategies as st
 
 from ..arms import ARM_NAMES
-from ..case import BETAS, DECAYS, HISTORIES, KEYS, Case, Regime, Row
+from ..case import BETAS, DECAYS, HISTORIES, KEYS, RING_SLOTS, W_RING, Case, Regime, Row, lazy_flush_min
 
-W_RING = 16
-RING_SLOTS = 32
 
 # (H, HV) menus.  The production kernel compiles once per (H, HV) (D4), so campaigns on it
 # draw from a short list; CPU targets may use any G = HV / H.
@@ -64,7 +62,7 @@ def _perms(n: int):
 @lru_cache(maxsize=None)
 def flush_mins(T: int):
     """None (the lazy default 17 - T) or any legal value in [1, 17 - T] (H14)."""
-    return st.one_of(st.none(), st.integers(1, W_RING - T + 1))
+    return st.one_of(st.none(), st.integers(1, lazy_flush_min(T)))
 
 
 @lru_cache(maxsize=None)
@@ -163,7 +161,7 @@ def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets
     n_real = draw(_ints(1, bucket))
     pool = n_real + draw(_ints(0, max_extra_pool))
     fm = draw(flush_mins(T))
-    fmin = fm if fm is not None else W_RING - T + 1
+    fmin = fm if fm is not None else lazy_flush_min(T)
     rows = draw(_rows(T, fmin, bucket, pool, n_real, need))
     return Case(arm=arm, T=T, H=H, HV=HV, pool=pool, rows=rows, flush_min=fm,
                 restart_hist_on_flush=draw(_sampled(tuple(restart))),

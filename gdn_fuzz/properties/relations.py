@@ -61,7 +61,7 @@ import random
 
 import torch
 
-from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, materialize
+from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, lazy_flush_min, materialize
 from gdn_fuzz.checks import check_writes
 from gdn_fuzz.findings import BITS_DIFFER, Finding, WRONG_VALUE, attach, launch_record, raised
 from gdn_fuzz.observation import BUFFERS, Observation, clone_inputs, observe, same_bits
@@ -191,7 +191,7 @@ def alternate_flush_min(case: Case) -> int | None:
     """A legal flush_min in [1, 17 - T] that switches the most non-pad rows between flush and
     verify (the closest to the case's own on ties); None when no legal value switches any
     (every non-pad row has P = 0, which never flushes, or P >= 17 - T, which always does)."""
-    hi = W_RING - case.T + 1
+    hi = lazy_flush_min(case.T)
     Ps = [r.hist_len for r in case.rows if not r.pad]
     fmin = case.fmin
 
