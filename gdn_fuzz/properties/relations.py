@@ -61,7 +61,7 @@ import random
 
 import torch
 
-from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, lazy_flush_min, materialize
+from gdn_fuzz.case import RING_SLOTS, Case, Row, lazy_flush_min, materialize
 from gdn_fuzz.checks import check_writes
 from gdn_fuzz.findings import BITS_DIFFER, Finding, WRONG_VALUE, attach, launch_record, raised
 from gdn_fuzz.observation import BUFFERS, Observation, clone_inputs, observe, same_bits
