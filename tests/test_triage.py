@@ -315,3 +315,20 @@ def test_correct_implementations_raise_no_alarm(target_name):
                  Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=(4, 8), seed=3, round_examples=8, shrink=False)
     c.run(examples=8 * len(REGISTRY))
     assert c.stats.examples >= 8 * len(REGISTRY) and not c.findings, [f.signature for f in c.findings.values()]
+
+
+# ------------------------------------------------------------------ scheduling
+
+
+def test_every_property_is_reached_in_the_first_tenth_of_an_example_budget():
+    """Rounds interleave the properties (sizes 1, 2, 4, ... up to round_examples): with an 80-example
+    budget all eight properties have run by example 8, and every property gets its share (the old
+    rounds of 25 per property reached only four properties in 80 examples)."""
+    camp = Campaign(target=get_target("reference"), device="cpu", properties=list(REGISTRY.values()),
+                    arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=3, shrink=False)
+    camp.run(examples=80)
+    pp = camp.stats.per_property
+    assert set(pp) == set(REGISTRY), f"properties never run: {sorted(set(REGISTRY) - set(pp))}"
+    assert max(p["first_example"] for p in pp.values()) < 8, pp
+    assert sum(p["examples"] for p in pp.values()) == camp.stats.examples == 80
+    assert min(p["examples"] for p in pp.values()) >= 80 // len(REGISTRY) - 4, pp

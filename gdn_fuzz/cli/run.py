@@ -139,6 +139,16 @@ def cmd_run(args) -> int:
               str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
               f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
     console.print(t)
+    pt = Table(title="examples per property (rounds interleave the properties; sizes double from 1 to "
+                     f"{args.round_examples})")
+    for col in ("property", "examples", "first example at", "seconds"):
+        pt.add_column(col)
+    for p in props:
+        pp = s.per_property.get(p.name)
+        pt.add_row(p.name, "0", "never", "0.0") if pp is None else pt.add_row(
+            p.name, str(pp["examples"]), f"{pp['first_s']:.1f}s (example {pp['first_example'] + 1})",
+            f"{pp['seconds']:.1f}")
+    console.print(pt)
     if camp.findings or camp.known_hits:
         ft = Table(title="findings by signature")
         for col in ("signature", "status", "first at", "examples before", "shrunk", "corpus entry"):
@@ -164,7 +174,7 @@ def cmd_run(args) -> int:
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                    warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=seconds,
-                   budget_examples=args.examples, interrupted=camp.interrupted,
+                   budget_examples=args.examples, interrupted=camp.interrupted, per_property=s.per_property,
                    seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    findings=[f.to_record() for f in camp.findings.values()],
                    known=camp.known_summary(), machine_failures=dict(camp.env_failures),

@@ -1,7 +1,12 @@
 """Fuzz campaigns: Hypothesis runs in rounds until a time or example budget is spent.
 
-Each round is one Hypothesis run of `round_examples` examples of one property with its own
-seed (derived from the campaign seed).  Failures are told apart by their signature
+Each round is one Hypothesis run of some examples of one property with its own seed (derived
+from the campaign seed).  Rounds interleave the properties in passes: the first pass gives
+every property `first_round_examples` (1) example, and each later pass doubles the round size
+up to `round_examples` (25), so every property is reached early in any budget (with rounds of
+25 from the start, a 60 s CPU campaign often ended before commit or guards ran at all) while
+long runs still get rounds long enough for Hypothesis to explore and shrink.  stats.per_property
+records, per property, its examples, its seconds and when its first example ran.  Failures are told apart by their signature
 (findings.Finding.signature: check id, clause, outcome class, route family), and the test body
 raises one exception class per signature, so Hypothesis' own notion of distinct bugs
 (exception type + origin) separates them: each is shrunk on its own and reported together
@@ -146,6 +151,14 @@ class CampaignStats:
     warmup_compiles: int = 0
     started: float = field(default_factory=time.monotonic)
     events: dict = field(default_factory=dict)
+    per_property: dict = field(default_factory=dict)  # name -> {"examples", "seconds", "first_s", "first_example"}
+
+    def note_example(self, prop: str) -> None:
+        """One example of `prop` starts (stats.examples not yet counted)."""
+        p = self.per_property.setdefault(prop, dict(examples=0, seconds=0.0, first_s=None, first_example=None))
+        if p["first_s"] is None:
+            p["first_s"], p["first_example"] = self.elapsed, self.examples
+        p["examples"] += 1
 
     @property
     def elapsed(self) -> float:
@@ -166,7 +179,8 @@ class Campaign:
     geometries: tuple
     buckets: tuple[int, ...]
     seed: int = 0
-    round_examples: int = 25
+    round_examples: int = 25  # the largest round (examples of one property in one Hypothesis run)
+    first_round_examples: int = 1  # the first pass's round size; it doubles every pass up to round_examples
     shrink: bool = True
     isolate: bool = False  # run checks in a worker process (gdn_fuzz.engine.isolation)
     corpus_dir: object = None  # write every finding here (gdn_fuzz.engine.corpus); None: do not write
@@ -264,7 +278,7 @@ class Campaign:
             (known if sig in self.known or sig in self.findings else new).append(f)
         return known, new
 
-    def _round(self, prop: Property, round_seed: int, on_example, on_first) -> list[CampaignFinding]:
+    def _round(self, prop: Property, round_seed: int, on_example, on_first, n: int | None = None) -> list[CampaignFinding]:
         strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
         if self.draws != "cpu":
             strat = strat.map(lambda c: dataclasses.replace(c, draws=self.draws))
@@ -272,7 +286,7 @@ class Campaign:
         round_started = self.stats.elapsed
 
         @hseed(round_seed)
-        @settings(max_examples=self.round_examples, deadline=None, database=None, phases=phases,
+        @settings(max_examples=n or self.round_examples, deadline=None, database=None, phases=phases,
                   report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
         @given(strat)
         def body(case):
@@ -314,6 +328,7 @@ class Campaign:
     def _example(self, prop: Property, case: Case, on_example, on_first) -> PropertyFailed | None:
         """Check one case; the failure to raise (for its first new signature) or None."""
         n_before = self.stats.examples
+        self.stats.note_example(prop.name)
         self.stats.examples += 1
         self.stats.launches += 1
         on_example()
@@ -377,6 +392,7 @@ class Campaign:
         self._deadline = (seconds, examples)
         self._stop_requested = False
         restore = self._catch_sigint()
+        size = max(1, min(self.first_round_examples, self.round_examples))
         try:
             while True:
                 for prop in self.properties:
@@ -384,13 +400,17 @@ class Campaign:
                         raise KeyboardInterrupt
                     if self.budget_spent():
                         return self
-                    found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first)
+                    t0 = self.stats.elapsed
+                    found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first, n=size)
+                    if prop.name in self.stats.per_property:
+                        self.stats.per_property[prop.name]["seconds"] += self.stats.elapsed - t0
                     self.stats.rounds += 1
                     self.stats.compiles = self._compiles() - compiles0
                     for f in sorted(found, key=lambda x: x.signature):
                         self._keep(f, on_finding)
                     if self.stop_on_finding and self.findings:
                         return self
+                size = min(2 * size, self.round_examples)
         except KeyboardInterrupt:
             self.interrupted = True
             for sig, (pname, case, found) in sorted(self._best.items()):
