@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 17 on the lent H200: the product command's checked launches per 30 s, the warm-up of a first
+# and a second process (CuTe DSL's on-disk kernel cache, CUTE_DSL_CACHE_DIR, fresh before the first),
+# and how early every property is reached (per-property table of the --json record).
+#   bash tools/h200_throughput.sh            (after `bash tools/h200_triage.sh setup` in the same call,
+#                                             or on a warm machine that kept /tmp/gdn)
+# Logs and JSON under $OUT/r/.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; R=$OUT/r; mkdir -p "$R"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/gdn/site:/tmp/gdn/site/nvidia_cutlass_dsl/dsl_packages:$PWD:${PYTHONPATH:-}
+[ -d /tmp/gdn/site ] || { echo "bundle gone from /tmp/gdn"; exit 3; }
+export CUTE_DSL_CACHE_DIR=${CUTE_DSL_CACHE_DIR:-/tmp/gdn-cute-cache}
+rm -rf "$CUTE_DSL_CACHE_DIR"; mkdir -p "$CUTE_DSL_CACHE_DIR"
+S=${SECONDS_EACH:-30}
+run() {  # run NAME ARGS...: one product command, its log and JSON
+  local name=$1; shift; local s=$(date +%s)
+  timeout "${CAP_S:-150}" gdn-fuzz run --target production --warm-up --seconds "$S" --no-corpus \
+    --json "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
+  echo "$name rc=$? wall $(( $(date +%s) - s ))s; cache files $(find "$CUTE_DSL_CACHE_DIR" -type f | wc -l)"
+  python3 - "$R/$name.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"  warm-up {d['warmup_s']:.1f}s ({d['warmup_compiles']} compiles); {d['examples']} examples / "
+      f"{d['launches']} checked launches in {d['seconds']:.1f}s; findings {len(d['findings'])}, known {len(d['known'])}")
+for p, v in (d.get("per_property") or {}).items():
+    print(f"  {p:15s} {v['examples']:5d} examples, first at {v['first_s']:.2f}s, {v['seconds']:.1f}s")
+PY
+}
+run launch-first --property launch
+run launch-second --property launch
+run all-properties
