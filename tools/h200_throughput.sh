@@ -15,7 +15,8 @@ rm -rf "$CUTE_DSL_CACHE_DIR"; mkdir -p "$CUTE_DSL_CACHE_DIR"
 S=${SECONDS_EACH:-30}
 run() {  # run NAME ARGS...: one product command, its log and JSON
   local name=$1; shift; local s=$(date +%s)
-  timeout "${CAP_S:-150}" gdn-fuzz run --target production --warm-up --seconds "$S" --no-corpus \
+  [ -d "$R/corpus" ] || cp -r corpus "$R/corpus"
+  timeout "${CAP_S:-150}" gdn-fuzz run --target production --warm-up --seconds "$S" --corpus "$R/corpus" \
     --json "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
   echo "$name rc=$? wall $(( $(date +%s) - s ))s; cache files $(find "$CUTE_DSL_CACHE_DIR" -type f | wc -l)"
   python3 - "$R/$name.json" <<'PY'
