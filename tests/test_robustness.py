@@ -627,3 +627,17 @@ def test_same_seed_same_findings_and_entries(tmp_path):
         stored.append({p.name: {k: v for k, v in json.loads(p.read_text()).items() if k != "date"} for p in files})
         assert list(c.findings) == ["oracle.fold [M7] out of tolerance (flush rows)"]
     assert stored[0] == stored[1] and stored[0]
+
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_torch_threads_reach_the_isolated_worker(tmp_path, threads):
+    """--torch-threads (Campaign.torch_threads, Worker(torch_threads=)) sets torch's intra-op threads of
+    the process that runs the checks: a planted target raises with the count it sees, on a marked case."""
+    target = plant(tmp_path, "threads", "if marked:\n    import torch\n    raise RuntimeError(f'threads={torch.get_num_threads()}')")
+    w = Worker(target, "cpu", inflight_dir=tmp_path / "inflight", name="t", torch_threads=threads)
+    try:
+        found = w.check("launch", MARKED)
+    finally:
+        w.close()
+    assert any(f"threads={threads}" in f.message for f in found), [str(f) for f in found]

@@ -2,8 +2,10 @@
 # Issue 17 on the lent H200: the product command's checked launches per 30 s, the warm-up of a first
 # and a second process (CuTe DSL's on-disk kernel cache, CUTE_DSL_CACHE_DIR, fresh before the first),
 # and how early every property is reached (per-property table of the --json record).
-#   bash tools/h200_throughput.sh            (after `bash tools/h200_triage.sh setup` in the same call,
-#                                             or on a warm machine that kept /tmp/gdn)
+#   bash tools/h200_throughput.sh [cache|scale]  (after `bash tools/h200_triage.sh setup` in the same call,
+#                                                 or on a warm machine that kept /tmp/gdn)
+#   cache (default): first and second process, then all properties; scale: one process with
+#   --torch-threads 1, then 4 processes at once with --torch-threads 4 each (16 cores)
 # Logs and JSON under $OUT/r/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; R=$OUT/r; mkdir -p "$R"
@@ -28,6 +30,21 @@ for p, v in (d.get("per_property") or {}).items():
     print(f"  {p:15s} {v['examples']:5d} examples, first at {v['first_s']:.2f}s, {v['seconds']:.1f}s")
 PY
 }
-run launch-first --property launch
-run launch-second --property launch
-run all-properties
+case "${1:-cache}" in
+  cache)
+    run launch-first --property launch
+    run launch-second --property launch
+    run all-properties ;;
+  scale)
+    run launch-threads1 --property launch --torch-threads 1
+    s0=$(date +%s)
+    for i in 0 1 2 3; do run "launch-4procs-$i" --property launch --torch-threads 4 --seed "$i" > "$R/scale-$i.log" 2>&1 & done
+    wait; echo "4 processes: wall $(( $(date +%s) - s0 ))s"; cat "$R"/scale-*.log
+    python3 - "$R" <<'PY'
+import json, sys, glob
+ds = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/launch-4procs-*.json"))]
+print(f"4 processes: {sum(d['launches'] for d in ds)} checked launches in total, "
+      f"{', '.join(str(d['launches']) for d in ds)} each, in {max(d['seconds'] for d in ds):.1f}s")
+PY
+    ;;
+esac

@@ -29,6 +29,8 @@ def validate_run_args(args) -> None:
         raise UsageError(f"--examples={args.examples}: give at least 1")
     if args.launch_timeout is not None and not (args.launch_timeout > 0):
         raise UsageError(f"--launch-timeout={args.launch_timeout:g}: give a positive number of seconds")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        raise UsageError(f"--torch-threads={args.torch_threads}: give at least 1")
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
     for b in args.buckets:
@@ -78,7 +80,8 @@ def cmd_run(args) -> int:
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
-                    record_path=args.record, known=known, launch_timeout_s=args.launch_timeout)
+                    record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
+                    torch_threads=args.torch_threads)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -214,6 +217,11 @@ def add_parser(sub) -> None:
     r.add_argument("--launch-timeout", type=float,
                    help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
                         "check so far, at least 30 s, never past the budget left)")
+    r.add_argument("--torch-threads", type=int, default=int(os.environ["GDN_FUZZ_TORCH_THREADS"])
+                   if os.environ.get("GDN_FUZZ_TORCH_THREADS") else None,
+                   help="torch intra-op threads of the process that runs the checks (the isolated worker, or this "
+                        "process with --no-isolate); default $GDN_FUZZ_TORCH_THREADS, else torch's own (every core). "
+                        "Several campaigns on one machine: give each cores / campaigns")
     r.add_argument("--fail-on-known", action="store_true",
                    help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
                         f"target); by default they are listed and the exit code is {EXIT_OK}")

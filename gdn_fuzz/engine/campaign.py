@@ -189,6 +189,7 @@ class Campaign:
     draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
     launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
+    torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -207,7 +208,11 @@ class Campaign:
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         if self.isolate:
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
-            self._worker = Worker(self.target.name, self.device, inflight_dir=inflight)
+            self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads)
+        elif self.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
 
     def _compiles(self) -> int:
         if self._worker is not None:

@@ -175,10 +175,16 @@ def _die_with_parent(campaign_pid: int) -> None:
         pass
 
 
-def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None) -> None:
+def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
+                 torch_threads: int | None = None) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
-    send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal'."""
+    send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal'.  torch_threads: torch's
+    intra-op threads in this worker (None: torch's default, every core)."""
     _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
     # Ctrl-C reaches the whole process group: the parent stops the campaign and closes this
     # worker; dying here first would look like a crash of the case in flight.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -260,8 +266,10 @@ class Worker:
 
     def __init__(self, target_name: str, device: str, inflight_dir: Path | None = None, name: str = "w0",
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
-                 max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
+                 max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 torch_threads: int | None = None):
         self.target_name, self.device, self.name = target_name, device, name
+        self.torch_threads = torch_threads
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.max_rss_mb = _env_max_rss_mb() if max_rss_mb is None else float(max_rss_mb)
@@ -326,7 +334,8 @@ class Worker:
             return
         ctx = _context()
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid()),
+        proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
+                                                      self.torch_threads),
                            daemon=True)
         proc.start()
         child.close()
