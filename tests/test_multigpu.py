@@ -15,7 +15,7 @@ import pytest
 
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.cli import main
-from gdn_fuzz.engine.multigpu import child_argv, parse_gpus
+from gdn_fuzz.engine.multigpu import child_argv, parse_gpus, threads_per_worker
 
 
 def test_parse_gpus():
@@ -33,6 +33,15 @@ def test_child_argv_keeps_the_options():
     s = " ".join(argv)
     assert "--seed 6" in s and "--device cuda" in s and "--target production" in s and "--seconds 30.0" in s
     assert "--corpus /x/corpus" in s and "--property launch" in s and "--gpus" not in s
+
+
+def test_workers_split_the_host_cores():
+    """--gpus without --torch-threads: each worker gets cores / workers torch threads (at least 1), and
+    child_argv carries the count; an explicit --torch-threads is kept."""
+    assert [threads_per_worker(n, 16) for n in (1, 2, 4, 8, 32)] == [16, 8, 4, 2, 1]
+    args = argparse.Namespace(device=None, seed=0, round_examples=25, target=None, arms=None, T=[4], buckets=[4],
+                              seconds=1.0, examples=None, property=None, no_isolate=False, torch_threads=3)
+    assert "--torch-threads 3" in " ".join(child_argv(args, 0, "/x/c.json", None, None))
 
 
 def test_two_workers_share_one_corpus(tmp_path):

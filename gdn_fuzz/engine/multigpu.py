@@ -83,8 +83,18 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
     return argv
 
 
+def threads_per_worker(workers: int, cores: int | None = None) -> int:
+    """The host's cores split between the campaign processes of one machine (at least 1 each).
+    Measured on an H200 host with 16 cores (docs/benchmarks.md, issue 17): four processes at 4 threads
+    each checked 3.1-3.5x the launches of one process, where torch's default (every core in every
+    process) had given no gain; one thread per process was slower than one process at the default."""
+    return max(1, (cores or os.cpu_count() or 1) // max(1, workers))
+
+
 def run_on_gpus(args, corpus_dir: str | None, console) -> int:
     gpus = parse_gpus(args.gpus)
+    if getattr(args, "torch_threads", None) is None:
+        args.torch_threads = threads_per_worker(len(gpus))
     out_dir = Path(args.json).parent if args.json else Path(tempfile.mkdtemp(prefix="gdn_fuzz_gpus_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = Path(args.json).stem if args.json else "campaign"
