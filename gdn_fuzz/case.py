@@ -7,7 +7,7 @@ A Case is what a failure prints, what the corpus stores and what `gdn-fuzz repla
 
 Speed (issue 10): the random draws stay on the CPU generator, but the float64 history
 recurrence that fills consistent windows runs on the target's device (see `materialize`).
-Cases with draws="device" (opt-in, e.g. `gdn-fuzz run --device-draws`) draw their bulk
+Cases with draws="device" (opt-in: `gdn-fuzz run --draws device`) draw their bulk
 tensors on the device instead; their bits are then device-dependent (see Case.draws).
 """
 

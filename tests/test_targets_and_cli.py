@@ -167,3 +167,18 @@ def test_precision_search_records_what_it_cannot_inspect(monkeypatch):
     events.clear()
     res = search([get_target("reference")], "cpu", ("bf16-state16",), (4,), ((1, 2),), (4,), examples=3)
     assert events == [] and res["reference"]["bf16-state16"][4]["rounding"]["fold"][1] > 0
+
+
+def test_run_draws_device_is_stored_with_the_case(tmp_path):
+    """`gdn-fuzz run --draws device`: drawn Cases make their bulk tensors on the target's device, and a
+    finding's corpus entry keeps draws="device" in its case, so a replay draws the same way."""
+    from gdn_fuzz.cli import main
+    from gdn_fuzz.engine import corpus
+
+    cdir = tmp_path / "corpus"
+    rc = main(["run", "--target", "mutant:fold_skipped", "--device", "cpu", "--arms", "bf16", "--T", "4",
+               "--examples", "40", "--property", "launch", "--no-isolate", "--corpus", str(cdir), "--draws", "device"])
+    assert rc == 1
+    entries = [corpus.read(p) for p in corpus.entries(cdir)]
+    assert entries and all(e.case.draws == "device" for e in entries)
+    assert all(e.reproduced_by(corpus.replay(e, device="cpu")) for e in entries)

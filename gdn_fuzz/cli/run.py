@@ -81,7 +81,7 @@ def cmd_run(args) -> int:
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
                     record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
-                    torch_threads=args.torch_threads)
+                    torch_threads=args.torch_threads, draws=args.draws)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -217,6 +217,10 @@ def add_parser(sub) -> None:
     r.add_argument("--launch-timeout", type=float,
                    help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
                         "check so far, at least 30 s, never past the budget left)")
+    r.add_argument("--draws", choices=("cpu", "device"), default="cpu",
+                   help="where drawn Cases make their bulk tensors (Case.draws): cpu (default; the same bits on every "
+                        "device, what corpus entries replay anywhere) or device (a generator on the target's device: "
+                        "faster on a GPU, bits tied to the device kind; stored with each entry's case)")
     r.add_argument("--torch-threads", type=int, default=int(os.environ["GDN_FUZZ_TORCH_THREADS"])
                    if os.environ.get("GDN_FUZZ_TORCH_THREADS") else None,
                    help="torch intra-op threads of the process that runs the checks (the isolated worker, or this "

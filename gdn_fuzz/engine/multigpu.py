@@ -45,7 +45,7 @@ def parse_gpus(spec: str) -> list[str]:
 # that is not here, so a new option is never silently dropped by --gpus.
 HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
-                                 "fail_on_known", "launch_timeout", "torch_threads", "gpus"})
+                                 "fail_on_known", "launch_timeout", "torch_threads", "draws", "gpus"})
 
 
 def child_argv(args, worker: int, json_path: str, record_path: str | None, corpus_dir: str | None) -> list[str]:
@@ -78,6 +78,8 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
         argv += ["--launch-timeout", str(args.launch_timeout)]
     if getattr(args, "torch_threads", None) is not None:
         argv += ["--torch-threads", str(args.torch_threads)]
+    if getattr(args, "draws", "cpu") != "cpu":
+        argv += ["--draws", args.draws]
     if record_path:
         argv += ["--record", record_path]
     return argv
