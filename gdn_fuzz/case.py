@@ -320,7 +320,7 @@ def row_edges(case: Case, i: int) -> list[str]:
 # ------------------------------------------------------------------ materialization
 
 
-def _decay_params(regime: Regime, gen, B, T, HV):
+def decay_params(regime: Regime, gen, B, T, HV):
     """(A_log [HV], dt_bias [HV], a [B, T, HV]) giving per-token g in the regime's range (M1).
 
     weak:   g ~ -1e-4 .. -1e-3 (memory kept for hundreds of tokens)
@@ -370,7 +370,7 @@ def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: in
     q = torch.randn(B, T, H, K, generator=gen) * reg.qk_scale
     k = _keys(reg, gen, (B, T, H, K))
     v = torch.randn(B, T, HV, V, generator=gen) * reg.v_scale
-    A_log, dt_bias, a = _decay_params(reg, gen, B, T, HV)
+    A_log, dt_bias, a = decay_params(reg, gen, B, T, HV)
     b = _beta_logits(reg, gen, (B, T, HV))
     return q, k, v, A_log, dt_bias, a, b
 
@@ -467,7 +467,7 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
     # drawn for every case (even with no window) so that a row's values depend on the seed only
     hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
     hv_ = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
-    _, _, ha = _decay_params(reg, gen, max(n, 1), W_RING, HV)
+    _, _, ha = decay_params(reg, gen, max(n, 1), W_RING, HV)
     hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
     if n == 0:
         return

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gdn_fuzz.case import LEGAL_T, RING_SLOTS, W_RING, Regime, _decay_params, draw_tokens, lazy_flush_min
+from gdn_fuzz.case import LEGAL_T, RING_SLOTS, W_RING, Regime, decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.checks import check_oracle, check_writes
 from gdn_fuzz.findings import Finding
 from gdn_fuzz.observation import same_bits
@@ -232,7 +232,7 @@ class Engine:
         self.state_dtype = state if state is not None else first.state
         gen = torch.Generator().manual_seed(seed)
         if params is None:
-            params = [_decay_params(geo.regime, gen, 1, 1, geo.HV)[:2] for _ in range(geo.layers)]
+            params = [decay_params(geo.regime, gen, 1, 1, geo.HV)[:2] for _ in range(geo.layers)]
         self.A_log = [A.to(self.io).to(self.device) for A, _ in params]
         self.dt_bias = [d.to(self.io).to(self.device) for _, d in params]
         self.scale = 1.0 / math.sqrt(geo.K)

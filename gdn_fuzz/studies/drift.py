@@ -51,7 +51,7 @@ Acceptance (accept=...):
 Regimes (regime=...):
   synthetic  the value regimes of the strategies (gdn_fuzz.case): a decay name (normal |
              weak | strong) or "decay=D,beta=B,keys=K[,qk_scale=..,v_scale=..,state_scale=..]".
-             A_log and dt_bias are drawn once per run (case._decay_params), q/k/v/a/b per step
+             A_log and dt_bias are drawn once per run (case.decay_params), q/k/v/a/b per step
              by case.draw_tokens.
   realistic  ASSUMED statistics, not measured ones.  A_log = log(A), A ~ U(0, 16) and
              dt_bias = 1: the GatedDeltaNet parameter initialisation of the public Qwen3-Next /
@@ -92,7 +92,7 @@ from pathlib import Path
 import torch
 
 from gdn_fuzz.arms import ARM_NAMES, get_arm
-from gdn_fuzz.case import BETAS, DECAYS, KEYS, Regime, _decay_params, draw_tokens, lazy_flush_min
+from gdn_fuzz.case import BETAS, DECAYS, KEYS, Regime, decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.compare import drift_unit
 from gdn_fuzz.serving.adapters import COMMITS, DirectAdapter
 from gdn_fuzz.serving.engine import K_DIM, V_DIM, Engine, Geometry
@@ -184,7 +184,7 @@ def _params(reg: Regime | None, gen, HV: int):
     if reg is None:
         A = torch.empty(HV).uniform_(0.0, 16.0, generator=gen).clamp_min(1e-4)
         return torch.log(A), torch.ones(HV)
-    A_log, dt_bias, _ = _decay_params(reg, gen, 1, 1, HV)
+    A_log, dt_bias, _ = decay_params(reg, gen, 1, 1, HV)
     return A_log, dt_bias
 
 

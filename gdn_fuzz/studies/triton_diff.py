@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from gdn_fuzz.arms import unit_roundoff
-from gdn_fuzz.case import Regime, _decay_params, draw_tokens, lazy_flush_min
+from gdn_fuzz.case import Regime, decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.findings import Finding
 from gdn_fuzz.compare import (F32_UNIT, F64_REPLAY_RTOL, distance, drift_budget, exact_fold_rtol, frobenius, ratio,
                               y_budget)
@@ -88,7 +88,7 @@ def make_stream(seed: int, T: int, R: int, steps: int, H: int = 1, HV: int = 2, 
     reg = Regime(decay=decay)
     gen = torch.Generator().manual_seed(seed * 7919 + T)
     bf = lambda x: x.to(torch.bfloat16).float()  # noqa: E731
-    A_log, dt_bias, _ = _decay_params(reg, gen, 1, 1, HV)
+    A_log, dt_bias, _ = decay_params(reg, gen, 1, 1, HV)
     S0 = bf(torch.randn(R, HV, V, K, generator=gen) * reg.state_scale)
     rnd = random.Random(seed * 31 + T)
     kind, p = parse_accept(accept) if accept != "random" else ("random", None)
