@@ -1,6 +1,6 @@
 """Checked launches per second, and the framework's overhead over the bare launch.
 
-Two modes (issue 10).
+Three modes (issues 10 and 17).
 
 Per-shape table (default).  For each arm, T and batch size B (all rows real, permuted
 slots, cursors drawn legal), on one geometry, after a warm-up launch per shape (JIT
@@ -23,6 +23,12 @@ warm_up() -- one launch per (arm, T, geometry, bucket), every JIT compile paid t
 then fuzzes for SECONDS: checked launches in SECONDS of campaign time, compiles during the
 measured time reported apart from the warm-up's.
 
+The product command (--product SECONDS [--processes 1 4]).  For each process count N, N
+`gdn-fuzz run --target T --warm-up --seconds SECONDS --property launch --no-corpus --json ...`
+processes at once (crash isolation on, --torch-threads = cores / N each, seeds 0..N-1): checked
+launches in total, per process, warm-up, the ratio to the first process count's total and to the
+anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
+
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
                  (Case.draws); the default "cpu" draws everything on the CPU generator
                  (device-independent bits, but a large geometry's pool is a big CPU draw).
@@ -35,6 +41,7 @@ measured time reported apart from the warm-up's.
     python benchmarks/throughput.py --target reference --device cpu --H 1 --HV 2 --json out.json
     python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device
     python benchmarks/throughput.py --target production --device cuda --campaign 30 --draws device
+    python benchmarks/throughput.py --target production --device cuda --product 30 --processes 1 4
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import pstats
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -245,6 +253,45 @@ def run_campaign(args, target):
     return rec
 
 
+ANCHOR_PER_30S = 50 * 30 / 28.7  # the kernel authors' suite on an H200: 50 checked launches in 28.7 s
+
+
+def run_product(args, target) -> dict:
+    """--product: the product command in N processes at once, for each N of --processes."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    cores = os.cpu_count() or 1
+    out = dict(meta=_meta(args, target), seconds=args.product, anchor_per_30s=ANCHOR_PER_30S, runs=[])
+    base = None
+    for n in args.processes:
+        d = Path(tempfile.mkdtemp(prefix="gdn_fuzz_product_"))
+        threads = max(1, cores // n)
+        cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
+                 "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
+                 "--seed", str(i), "--torch-threads", str(threads), "--arms", *args.arms, "--T", *map(str, args.T),
+                 "--json", str(d / f"p{i}.json")] for i in range(n)]
+        procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
+        codes = [p.wait() for p in procs]
+        recs = [json.loads((d / f"p{i}.json").read_text()) for i in range(n) if (d / f"p{i}.json").is_file()]
+        total = sum(r["launches"] for r in recs)
+        per30 = sum(r["launches"] * 30 / r["seconds"] for r in recs)
+        base = per30 if base is None else base
+        run = dict(processes=n, torch_threads=threads, exit_codes=codes, launches=total,
+                   per_process=[r["launches"] for r in recs], launches_per_30s=per30,
+                   warmup_s=[round(r["warmup_s"], 1) for r in recs], ratio_to_first=per30 / base if base else None,
+                   ratio_to_anchor=per30 / ANCHOR_PER_30S)
+        out["runs"].append(run)
+        print(f"{n} process(es) x {threads} threads: {total} checked launches ({per30:.0f} per 30 s; per process "
+              f"{run['per_process']}), warm-up {run['warmup_s']} s, {run['ratio_to_first']:.2f}x the first row, "
+              f"{run["ratio_to_anchor"]:.1f}x the anchor (the production kernel on an H200); exit codes {codes}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="reference")
@@ -259,6 +306,8 @@ def main(argv=None):
                     help="Case.draws: where the bulk random tensors are drawn (default cpu: device-independent bits)")
     ap.add_argument("--max-seconds", type=float, help="table mode: stop starting new shapes after this long")
     ap.add_argument("--campaign", type=float, metavar="SECONDS", help="campaign-throughput mode for SECONDS")
+    ap.add_argument("--product", type=float, metavar="SECONDS", help="product-command mode: gdn-fuzz run for SECONDS")
+    ap.add_argument("--processes", nargs="+", type=int, default=[1], help="product mode: process counts, one row each")
     ap.add_argument("--geometries", nargs="+", help="campaign mode: HxHV list (default: the target's fuzz menu)")
     ap.add_argument("--buckets", nargs="+", type=int, help="campaign mode: batch buckets (default 4 8)")
     ap.add_argument("--seed", type=int, default=0, help="campaign mode: campaign seed")
@@ -272,7 +321,9 @@ def main(argv=None):
     target = get_target(args.target)
     for a in args.arms:
         target.module(a)  # import every arm first: a module that does not fit fails here
-    if args.campaign:
+    if args.product:
+        run_product(args, target)
+    elif args.campaign:
         run_campaign(args, target)
     else:
         run_table(args, target)
