@@ -286,7 +286,7 @@ def run_product(args, target) -> dict:
         out["runs"].append(run)
         print(f"{n} process(es) x {threads} threads: {total} checked launches ({per30:.0f} per 30 s; per process "
               f"{run['per_process']}), warm-up {run['warmup_s']} s, {run['ratio_to_first']:.2f}x the first row, "
-              f"{run["ratio_to_anchor"]:.1f}x the anchor (the production kernel on an H200); exit codes {codes}", flush=True)
+              f"{run['ratio_to_anchor']:.1f}x the anchor (the production kernel on an H200); exit codes {codes}", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
     return out
