@@ -48,6 +48,7 @@ it is a finding.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -215,8 +216,6 @@ F32_UNIT = 2.0**-24
 
 def exact_fold_rtol(u_ckpt: float, window: int, K: int) -> float:
     """Relative bound of the baseline's exact fold over a window of `window` records (above)."""
-    import math
-
     return C_FOLD * u_ckpt + window * (8 + math.log2(K)) * F32_UNIT
 
 

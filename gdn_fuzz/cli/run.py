@@ -148,9 +148,11 @@ def cmd_run(args) -> int:
         pt.add_column(col)
     for p in props:
         pp = s.per_property.get(p.name)
-        pt.add_row(p.name, "0", "never", "0.0") if pp is None else pt.add_row(
-            p.name, str(pp["examples"]), f"{pp['first_s']:.1f}s (example {pp['first_example'] + 1})",
-            f"{pp['seconds']:.1f}")
+        if pp is None:
+            pt.add_row(p.name, "0", "never", "0.0")
+        else:
+            pt.add_row(p.name, str(pp["examples"]), f"{pp['first_s']:.1f}s (example {pp['first_example'] + 1})",
+                       f"{pp['seconds']:.1f}")
     console.print(pt)
     if camp.findings or camp.known_hits:
         ft = Table(title="findings by signature")

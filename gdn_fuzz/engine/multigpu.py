@@ -14,6 +14,7 @@ reported a new finding, 2 if a worker failed to run, 3 if only known bugs showed
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -95,8 +96,8 @@ def threads_per_worker(workers: int, cores: int | None = None) -> int:
 
 def run_on_gpus(args, corpus_dir: str | None, console) -> int:
     gpus = parse_gpus(args.gpus)
-    if getattr(args, "torch_threads", None) is None:
-        args.torch_threads = threads_per_worker(len(gpus))
+    if getattr(args, "torch_threads", None) is None:  # the workers' share of the cores (not the caller's args)
+        args = argparse.Namespace(**{**vars(args), "torch_threads": threads_per_worker(len(gpus))})
     out_dir = Path(args.json).parent if args.json else Path(tempfile.mkdtemp(prefix="gdn_fuzz_gpus_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = Path(args.json).stem if args.json else "campaign"
