@@ -5,7 +5,9 @@
 #   bash tools/h200_throughput.sh [cache|scale]  (after `bash tools/h200_triage.sh setup` in the same call,
 #                                                 or on a warm machine that kept /tmp/gdn)
 #   cache (default): first and second process, then all properties; scale: one process with
-#   --torch-threads 1, then 4 processes at once with --torch-threads 4 each (16 cores)
+#   --torch-threads 1, then 4 processes at once with --torch-threads 4 each (16 cores);
+#   store: the kernel store (gdn_fuzz.targets.kernel_store, a fresh folder): its GPU test, then a
+#   first and a second launch-only process (the second should compile nothing and load every kernel)
 # Logs and JSON under $OUT/r/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; R=$OUT/r; mkdir -p "$R"
@@ -30,7 +32,17 @@ for p, v in (d.get("per_property") or {}).items():
     print(f"  {p:15s} {v['examples']:5d} examples, first at {v['first_s']:.2f}s, {v['seconds']:.1f}s")
 PY
 }
+export GDN_FUZZ_KERNEL_STORE=${GDN_FUZZ_KERNEL_STORE:-/tmp/gdn-kstore}
 case "${1:-cache}" in
+  store)
+    rm -rf "$GDN_FUZZ_KERNEL_STORE"
+    python3 -m pytest -p no:cacheprovider -q -rs tests/test_kernel_store.py > "$R/store-test.txt" 2>&1
+    echo "store test rc=$?"; tail -n 5 "$R/store-test.txt"
+    rm -rf "$GDN_FUZZ_KERNEL_STORE"
+    run store-first --property launch
+    echo "  store: $(find "$GDN_FUZZ_KERNEL_STORE" -name '*.o' | wc -l) kernels, $(du -sh "$GDN_FUZZ_KERNEL_STORE" | cut -f1)"
+    run store-second --property launch
+    grep -h "kernel store" "$R"/store-*.txt | head -5 ;;
   cache)
     run launch-first --property launch
     run launch-second --property launch

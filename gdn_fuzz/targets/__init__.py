@@ -39,6 +39,7 @@ from gdn_fuzz.targets.loading import (  # noqa: F401  (re-exported: the public n
     check_fits,
     load_module,
 )
+from gdn_fuzz.targets import kernel_store
 from gdn_fuzz.targets.mutants import base_path, get_mutant, materialize_mutant
 
 __all__ = ["Target", "get_target", "default_target_name", "TargetUnavailable", "TargetMismatch", "ENTRY",
@@ -68,8 +69,13 @@ class Target:
         return getattr(self.module(arm), self.entry)(**kwargs)
 
     def compile_count(self, arm: Arm | str) -> int:
-        """Entries in the module's JIT cache (_CACHE), 0 for modules without one."""
-        return len(getattr(self.module(arm), "_CACHE", {}) or {})
+        """Kernels the module compiled in this process (its JIT cache _CACHE, less the kernels read
+        from the kernel store: gdn_fuzz.targets.kernel_store); 0 for modules without one."""
+        return kernel_store.compiles(self.module(arm))
+
+    def store_loads(self, arm: Arm | str) -> int:
+        """Kernels the module read from the kernel store in this process."""
+        return kernel_store.loads(self.module(arm))
 
     def unavailable_reason(self, device: str) -> str | None:
         """None when launches can run on `device`, else why not (in words)."""

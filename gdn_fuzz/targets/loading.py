@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from gdn_fuzz.arms import ENV_VARS, Arm, get_arm
+from gdn_fuzz.targets import kernel_store
 
 ENTRY = "gated_delta_rule_mtp_ucache_flush"
 PRODUCTION_MODULE = "flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache_flush"
@@ -126,7 +127,10 @@ def check_fits(mod: ModuleType, arm: Arm, path: Path, entry: str = ENTRY) -> Non
 
 
 def load_module(path: Path, arm: Arm | str, entry: str = ENTRY) -> ModuleType:
-    """One module instance per (file, arm), imported with the arm's env vars scoped to the import."""
+    """One module instance per (file, arm), imported with the arm's env vars scoped to the import.
+
+    A module that compiles with the CuTe DSL gets a disk-backed kernel store in place of its
+    `_CACHE` dict (gdn_fuzz.targets.kernel_store; GDN_FUZZ_KERNEL_STORE=off keeps it in memory)."""
     arm = get_arm(arm) if isinstance(arm, str) else arm
     key = (str(Path(path).resolve()), arm.name)
     with _LOCK:
@@ -134,5 +138,6 @@ def load_module(path: Path, arm: Arm | str, entry: str = ENTRY) -> ModuleType:
         if mod is None:
             mod = import_with_env(Path(path), arm.env_dict)
             check_fits(mod, arm, Path(path), entry)
+            kernel_store.install(mod, Path(path), arm.name)
             _MODULES[key] = mod
         return mod
