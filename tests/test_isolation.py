@@ -151,3 +151,42 @@ def test_ctrl_c_stops_cleanly_and_keeps_findings(tmp_path, when):
         assert "shrunk in" in out, out  # the entry was stored shrunk, before the interrupt
     else:
         assert "shrinking stopped after" in out, out  # stored by the interrupt, with its case so far
+
+
+COUNTING_TARGET = '''
+"""The reference target with a JIT-cache stand-in: one _CACHE entry per T, per arm's module instance."""
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location("_counting_ref_" + str(id(object())), {ref!r})
+_ref = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ref)
+globals().update({{k: v for k, v in vars(_ref).items() if not k.startswith("__")}})
+_CACHE = {{}}
+
+
+def gated_delta_rule_mtp_ucache_flush(**kw):
+    _CACHE[kw["q"].shape[1]] = True
+    return _ref.gated_delta_rule_mtp_ucache_flush(**kw)
+'''
+
+
+def test_worker_counts_compiles_of_every_arm_and_across_restarts(tmp_path):
+    """Worker.compiles: every arm's module the worker loaded (it once reported the checked case's arm
+    only, so a warm-up over five arms showed 8 compiles where the H200's kernel store held 40), and
+    the compiles of a worker that was replaced are kept."""
+    from gdn_fuzz.targets import REFERENCE_PATH
+
+    f = tmp_path / "counting.py"
+    f.write_text(COUNTING_TARGET.format(ref=str(REFERENCE_PATH)))
+    w = Worker(str(f), "cpu", inflight_dir=tmp_path / "inflight", name="t")
+    try:
+        for arm in ("bf16", "fp16"):
+            for T in (4, 8):
+                case = Case(arm=arm, T=T, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
+                assert w.check("launch", case) == []
+        assert w.compiles == 4
+        w.close()  # the next check starts a fresh worker, whose module instances are new
+        assert w.check("launch", Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)) == []
+        assert w.compiles == 5
+    finally:
+        w.close()

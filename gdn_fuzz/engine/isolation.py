@@ -194,6 +194,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))
         return
     conn.send(("ready", None, 0))
+    arms_seen: set = set()  # compiles are counted over every arm this worker loaded
     while True:
         try:
             msg = conn.recv()
@@ -204,6 +205,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         prop_name, case_d = msg
         try:
             case = Case.from_dict(case_d)
+            arms_seen.add(case.arm)
             found = get_property(prop_name).check(target, case, device)
             if str(device).startswith("cuda"):
                 import torch
@@ -219,7 +221,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None)),
-                   sum(target.compile_count(a) for a in {case.arm})))
+                   sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
 
@@ -287,7 +289,8 @@ class Worker:
         self.restarts = 0
         self.recycles = 0
         self.last_recycle_reason = ""
-        self.compiles = 0
+        self.compiles = 0  # JIT compiles of every worker so far (finished workers' plus the live one's)
+        self._compiles_before = 0  # compiles of the workers that ended (restarts, recycling)
         self.checks = 0
         self.last_check_s: float | None = None
         self.max_check_s: float | None = None
@@ -340,6 +343,7 @@ class Worker:
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
+        self._compiles_before = self.compiles  # a fresh worker counts its own compiles from 0
         self._checks_in_worker = 0
         self._busy = False
         deadline = time.monotonic() + self.start_timeout_s
@@ -500,7 +504,7 @@ class Worker:
                     break
                 dt = time.monotonic() - t0
                 self._busy = False
-                self.compiles = max(self.compiles, compiles)
+                self.compiles = self._compiles_before + compiles
                 if kind == "fatal":
                     self._proc.join(timeout=10)
                     if "text" in payload:
