@@ -161,7 +161,7 @@ def test_the_released_module_gets_a_store(tmp_path):
         target = get_target("production")
     except TargetUnavailable as e:
         pytest.skip(f"the released kernel module is not installed here: {e}")
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import json
         from gdn_fuzz.targets import get_target
         t = get_target("production")
