@@ -182,3 +182,18 @@ def test_run_draws_device_is_stored_with_the_case(tmp_path):
     entries = [corpus.read(p) for p in corpus.entries(cdir)]
     assert entries and all(e.case.draws == "device" for e in entries)
     assert all(e.reproduced_by(corpus.replay(e, device="cpu")) for e in entries)
+
+
+def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
+    """Case.draws="cuda" (issue 17: a GPU campaign's default): the bulk tensors come from torch's CUDA
+    generator, so on the CPU the same case would be another launch; materialize says so instead of
+    silently drawing other values, and the stored case keeps how it was drawn."""
+    from gdn_fuzz.case import Case, Row, draws_for, materialize
+
+    case = Case(arm="bf16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 3, 5),), seed=7, draws="cuda")
+    with pytest.raises(ValueError, match=r"case.draws='cuda'.*CUDA generator.*--device cuda"):
+        materialize(case, "cpu")
+    again = Case.from_dict(json.loads(case.to_json()))
+    assert again == case and again.draws == "cuda"
+    assert "draws" not in Case(**{**case.__dict__, "draws": "cpu"}).to_dict()
+    assert (draws_for("cpu"), draws_for("cuda"), draws_for("cuda:1")) == ("cpu", "cuda", "cuda")
