@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gdn_fuzz import fused_oracle
 from gdn_fuzz.case import Case
 from gdn_fuzz.compare import rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
@@ -55,13 +56,17 @@ def _check_case_cursors(case: Case) -> None:
 
 
 def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
+    """The float64 expectation of the observed launch: oracles.ring.launch (the spec), or the same
+    numbers from the fused Triton oracle (gdn_fuzz.fused_oracle) where GDN_FUZZ_ORACLE picks it
+    (auto, the default: on a CUDA device where triton imports; spec; fused)."""
     b, case = obs.before, obs.case
+    oracle = fused_oracle.oracle_for(b["q"].device)
     scale = b.get("scale") or 1.0 / (case.K ** 0.5)
     # cursors materialized from the Case are validated from its rows, not on the device
     validate = not obs.from_case
     if obs.from_case:
         _check_case_cursors(case)
-    return ring_oracle.launch(
+    return oracle(
         q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
         pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
         u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],

@@ -141,6 +141,17 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     # only y and U are needed: keep_states=False holds two states at a time, not 2T
     y, U, _ = sequential(S_P, q_hat, k_hat, v, g, beta, keep_states=False)
     y_mag, U_mag, _ = sequential_magnitude(S_mag, q_hat, k_hat, v, g, beta, keep_states=False)
+    return LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=S_P, fold_mag=S_mag,
+                             **appends(g, GP, k_hat, H, idx, hist_len, cache_base, flush_min))
+
+
+def appends(g, GP, k_hat, H: int, idx, hist_len, cache_base, flush_min: int) -> dict:
+    """M5/M6: what a launch appends besides the updates, and which rows flush (no state involved).
+
+    g [B, T, HV] log-decays, GP [B, HV] anchors, k_hat [B, T, HV, K].  Returns the k_app, g_app,
+    g_mag, slots, flush and pad fields of LaunchExpectation.
+    """
+    B, T, HV, _ = k_hat.shape
     pad = idx.long() < 0
     flush = (hist_len.long() >= flush_min) & ~pad
     Gam = torch.cumsum(g, dim=1)  # [B, T, HV], inclusive scan (M1)
@@ -149,10 +160,8 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     g_mag = torch.cumsum(g.abs(), dim=1) + anchor_keep.abs()[:, None, :]
     k_app = k_hat[:, :, :: HV // H]  # [B, T, H, K]: k-head i is v-head i*G's key
     slots = (cache_base.long()[:, None] + hist_len.long()[:, None]
-             + torch.arange(T, device=q.device)[None, :]) & RING_MASK
-    return LaunchExpectation(y=y, y_mag=y_mag, k_app=k_app, u_app=U, u_mag=U_mag,
-                             g_app=g_app, g_mag=g_mag, slots=slots, flush=flush, pad=pad,
-                             fold=S_P, fold_mag=S_mag)
+             + torch.arange(T, device=k_hat.device)[None, :]) & RING_MASK
+    return dict(k_app=k_app, g_app=g_app, g_mag=g_mag, slots=slots, flush=flush, pad=pad)
 
 
 @dataclass

@@ -1,0 +1,250 @@
+"""The float64 launch oracle as one Triton kernel: the same numbers as oracles.ring.launch, fewer passes.
+
+oracles.ring.launch (the specification) builds the float64 state S_P [B, HV, V, K] from the
+checkpoint and the window, then runs the T tokens of the delta rule and of its magnitude
+recurrence on it with ~10 passes of small torch ops over the whole state (memory-bound on a
+GPU).  The recurrence is independent per value row: S[b, hv, v, :] (K entries) evolves on its
+own.  The kernel here gives one program a tile of BLOCK_V value rows of one (row b, v-head hv),
+holds S and its magnitude M ([BLOCK_V, K] float64) in registers, reads the checkpoint pool row
+once (in its stored dtype) and computes, in float64 throughout, exactly what the spec defines:
+
+    S_P   = e^{G_P} S0 + sum_j w_j u_j k_j^T          (M3; w_j = e^{G_P - G_j} on the window, 0 off it)
+    S_mag = e^{G_P} |S0| + sum_j w_j |u_j| |k_j|^T
+    per token t (oracles.gdn.sequential / sequential_magnitude, M4):
+        S <- e^{g_t} S;  U_t = beta_t (v_t - S k_t);  S <- S + U_t k_t^T;  y_t = S q_t
+        M <- e^{g_t} M;  U_mag = beta_t (|v_t| + M |k_t|);  M <- M + U_mag |k_t|^T;  y_mag = M |q_t|
+
+writing y, y_mag, U, U_mag [B, T, HV, V] and fold = S_P, fold_mag = S_mag [B, HV, V, K].
+
+Everything without a [V, K] state comes from the spec's own functions, called before the
+kernel: gates (g, beta), normalized_qk (q_hat, k_hat), gather_window (the masked window and the
+cursor check), replay on a zero-width state (its anchor G_P and weights w), and appends (the
+fields that do not depend on the value dimension: k_app, g_app, g_mag, slots, flush, pad).
+The kernel therefore only sums in another order than torch does: agreement with the spec is to
+float64 rounding (tests/test_fused_oracle.py), never by definition.  The spec stays the
+definition of every property; this module is a faster way to evaluate it.
+
+Triton is imported on first use, not at import (gdn_fuzz runs without it).  On a CPU the
+kernel runs in Triton's interpreter when TRITON_INTERPRET=1 was in the environment before
+triton was imported (triton.jit reads it when it decorates, and triton.language decorates its
+own functions at import; slow: for tests).  checks.expectation() chooses the oracle with
+oracle_for() and the environment variable GDN_FUZZ_ORACLE (auto | spec | fused).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from gdn_fuzz.oracles import gdn as gdn_oracle
+from gdn_fuzz.oracles import ring as ring_oracle
+
+ENV = "GDN_FUZZ_ORACLE"
+CHOICES = ("auto", "spec", "fused")
+BLOCK_V = 16  # value rows per program: S and M are 2 x 16 x 128 float64 in registers
+NUM_WARPS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _triton():
+    """(triton module or None, why not): the import is tried once."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"triton does not import ({type(e).__name__}: {e})"
+    return triton, ""
+
+
+def _interpreter() -> tuple[bool, str | None]:
+    """(Triton's interpreter is on, why it cannot run kernels) -- why is None when it can."""
+    triton, why = _triton()
+    if triton is None:
+        return False, why
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older releases read the variable directly
+    on = bool(knobs.runtime.interpret) if knobs is not None else os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not on:
+        return False, None
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.standard.sum, InterpretedFunction):  # triton.language was built before it was set
+        return True, ("TRITON_INTERPRET=1 was set after triton was imported (triton.jit reads it at decoration, "
+                      "and triton.language's own functions were decorated for a GPU); set it before the process "
+                      "starts")
+    return True, None
+
+
+def interpreted() -> bool:
+    """True when kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton was imported)."""
+    on, why = _interpreter()
+    return on and why is None
+
+
+def unavailable(device) -> str | None:
+    """Why the fused oracle cannot run on `device` (a torch device or its name), or None when it can."""
+    triton, why = _triton()
+    if triton is None:
+        return why
+    on, why = _interpreter()
+    if on:
+        return why
+    if torch.device(device).type == "cuda":
+        return None
+    return (f"Triton kernels need a CUDA device (the inputs are on {torch.device(device)}) unless Triton's "
+            "interpreter is on (TRITON_INTERPRET=1 set before triton is imported; slow)")
+
+
+def choice() -> str:
+    """GDN_FUZZ_ORACLE, validated: auto (default), spec or fused."""
+    val = os.environ.get(ENV, "").strip().lower() or "auto"
+    if val not in CHOICES:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not a legal oracle choice; use one of {', '.join(CHOICES)} "
+                         "(auto: the fused Triton oracle on a CUDA device where triton imports, else the spec)")
+    return val
+
+
+def oracle_for(device):
+    """The launch oracle for inputs on `device`, by GDN_FUZZ_ORACLE:
+
+    auto   this module's launch() on a CUDA device where triton imports, else oracles.ring.launch
+    spec   oracles.ring.launch, everywhere
+    fused  this module's launch(); RuntimeError (naming the variable, its value and the fix) where
+           it cannot run
+    """
+    which = choice()
+    if which == "spec":
+        return ring_oracle.launch
+    if which == "auto":
+        return launch if torch.device(device).type == "cuda" and _triton()[0] is not None else ring_oracle.launch
+    why = unavailable(device)
+    if why is not None:
+        raise RuntimeError(
+            f"{ENV}=fused asks for the fused Triton oracle, but it cannot run here: {why}.  Fix: unset {ENV} "
+            f"(auto: the spec oracle on this device) or set {ENV}=spec; or run on a CUDA device with triton "
+            "installed (pip install 'triton>=3.2'); on a CPU, TRITON_INTERPRET=1 in the environment of the process "
+            "runs it in Triton's interpreter (slowly)")
+    return launch
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(interpret: bool):
+    """The jitted kernel, built on first use (one per interpreter mode: triton.jit reads
+    TRITON_INTERPRET when it decorates)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fused_launch_kernel(
+            pool_ptr, sp_r, sp_h, sp_v, sp_k,  # checkpoint pool [pool, HV, V, K], its stored dtype
+            rows_ptr,  # [B] int64: pool row of each batch row (pad rows: 0, as the spec reads)
+            egp_ptr,  # [B, HV] e^{G_P}
+            w_ptr,  # [B, HV, W] window weights (0 off the window)
+            kw_ptr,  # [B, HV, W, K] window keys (0 off the window)
+            uw_ptr,  # [B, HV, W, V] window updates (0 off the window)
+            eg_ptr, beta_ptr,  # [B, T, HV] e^{g_t}, beta_t
+            q_ptr, k_ptr,  # [B, T, HV, K] q_hat, k_hat
+            v_ptr, sv_b, sv_t, sv_h, sv_v,  # v [B, T, HV, V], its IO dtype
+            y_ptr, ym_ptr, u_ptr, um_ptr,  # [B, T, HV, V] float64 out
+            fold_ptr, foldm_ptr,  # [B, HV, V, K] float64 out
+            HV, V, K,
+            T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_v = tl.program_id(0)
+        hv = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        offs_k = tl.arange(0, BLOCK_K)
+        mv = offs_v < V
+        mk = offs_k < K
+        m2 = mv[:, None] & mk[None, :]
+        bh = b * HV + hv
+
+        # the window replay (M3) and its magnitude, from one read of the checkpoint row
+        row = tl.load(rows_ptr + b)
+        S0 = tl.load(pool_ptr + row * sp_r + hv * sp_h + offs_v[:, None] * sp_v + offs_k[None, :] * sp_k,
+                     mask=m2, other=0.0).to(tl.float64)  # exact (triton widens 16-bit floats via fp32)
+        egp = tl.load(egp_ptr + bh)
+        S = egp * S0
+        M = egp * tl.abs(S0)
+        for j in range(W):  # every slot: off-window entries are exact zeros, as in the spec's sum
+            wj = tl.load(w_ptr + bh * W + j)
+            kj = tl.load(kw_ptr + (bh * W + j) * K + offs_k, mask=mk, other=0.0)
+            uj = tl.load(uw_ptr + (bh * W + j) * V + offs_v, mask=mv, other=0.0)
+            S += (wj * uj)[:, None] * kj[None, :]
+            M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
+        state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
+        tl.store(fold_ptr + state_off, S, mask=m2)
+        tl.store(foldm_ptr + state_off, M, mask=m2)
+
+        # the T drafts (M4) and their magnitudes
+        for t in range(T):
+            bth = (b * T + t) * HV + hv
+            eg = tl.load(eg_ptr + bth)
+            bt = tl.load(beta_ptr + bth)
+            qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
+            kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
+            vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float64)
+            qa = tl.abs(qt)
+            ka = tl.abs(kt)
+            S = eg * S
+            U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
+            S += U[:, None] * kt[None, :]
+            y = tl.sum(S * qt[None, :], axis=1)
+            M = eg * M
+            Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
+            M += Um[:, None] * ka[None, :]
+            ym = tl.sum(M * qa[None, :], axis=1)
+            out_off = bth * V + offs_v
+            tl.store(y_ptr + out_off, y, mask=mv)
+            tl.store(u_ptr + out_off, U, mask=mv)
+            tl.store(ym_ptr + out_off, ym, mask=mv)
+            tl.store(um_ptr + out_off, Um, mask=mv)
+
+    return fused_launch_kernel
+
+
+def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
+           hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
+           block_v: int = BLOCK_V) -> ring_oracle.LaunchExpectation:
+    """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
+    Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
+    why = unavailable(q.device)
+    if why is not None:
+        raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    # the small per-token and per-window inputs of the kernel, by the spec's functions; gather_window
+    # validates the cursors exactly as the spec does (the one check_cursors of this call)
+    g, beta = gdn_oracle.gates(a, dt_bias, A_log, b)  # [B, T, HV]
+    q_hat, k_hat = gdn_oracle.normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
+    kw, uw, Gw, valid = ring_oracle.gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV,
+                                                  validate=validate)
+    # the anchor G_P and the window weights w: replay on a zero-width state builds no [V, K] state
+    empty = torch.zeros(B, HV, 0, 0, dtype=torch.float64, device=q.device)
+    _, GP, w = ring_oracle.replay(empty, kw[..., :0], uw[..., :0], Gw, valid, hist_len)
+    rows = idx.long().clamp(min=0)  # the spec's pool row: pad rows read row 0 (S0 = pool[rows])
+
+    f64 = dict(dtype=torch.float64, device=q.device)
+    y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
+    fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
+    if B and HV and V:
+        kern = _kernel(_interpreter()[0])
+        grid = (_cdiv(V, block_v), HV, B)
+        kern[grid](
+            pool, *pool.stride(), rows.contiguous(), torch.exp(GP).contiguous(), w.contiguous(), kw.contiguous(),
+            uw.contiguous(), torch.exp(g).contiguous(), beta.contiguous(), q_hat.contiguous(), k_hat.contiguous(),
+            v, *v.stride(), y, y_mag, U, U_mag, fold, fold_mag, HV, V, K,
+            T=T, W=w.shape[-1], BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS)
+    # the value-independent fields (k_app, g_app, g_mag, slots, flush, pad): the spec's own code
+    return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag,
+                                         **ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base,
+                                                               flush_min))
+
+
+def _cdiv(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())

@@ -1,0 +1,295 @@
+"""The fused float64 oracle (gdn_fuzz.fused_oracle) against the spec (oracles.ring.launch).
+
+The fused oracle evaluates the spec's launch with the [V, K] state work in one Triton kernel.
+Here that kernel runs in Triton's interpreter (TRITON_INTERPRET=1: numpy on the CPU, float64
+included), on Hypothesis-drawn small launches (H 1..2, HV 2..4, B <= 3, every dtype arm,
+T 4 and 8, windows 0..16 at wrapped slots, flush and verify rows, pad rows with any cursors,
+poisoned rings and pool rows), and every field of its LaunchExpectation is compared with the
+spec's:
+
+* float fields built by the kernel (y, u_app, fold and their magnitudes):
+  |fused - spec| <= 1e-12 * magnitude + 1e-300 per element (y: y_mag, u_app: u_mag, fold: fold_mag;
+  a magnitude: itself), and NaN exactly where the spec has NaN (poison outside the windows must
+  not leak; a pad row whose pool row 0 is poisoned reads NaN in both).  Origin of 1e-12: each
+  element is a float64 sum of at most ~K + 16 + 3T <= 170 terms (a K-term dot product over a state
+  built from 16 window terms and T rank-1 updates); the classical bound puts each evaluation
+  order within ~170 u |terms| of the exact value (u = 1.1e-16), i.e. ~2e-14 x the magnitude, two
+  orders within ~4e-14; 1e-12 leaves 25x.  The same bound as tests/test_oracles.py's TOL_ONE.
+* k_app, g_app, g_mag (the spec's own code on a zero-width value dimension): the same bits.
+* slots, flush, pad: equal.
+
+Then the wiring: checks.expectation() picks the spec on a CPU by default, GDN_FUZZ_ORACLE=fused
+where Triton cannot run fails naming the variable, its value and the fix, and the fused oracle
+(interpreted) drives a whole check_launch of the reference target without findings.
+
+The kernels run in one spawned Python process per test process (the `interpreter` fixture),
+started with TRITON_INTERPRET=1 before anything there imports triton: triton.jit reads the
+variable when it decorates, and triton.language decorates its own functions (tl.sum, ...) at
+import, so setting it later in a process that has imported triton does not work, and setting
+it in this process would change how every later test in it runs Triton.  Hypothesis draws here
+and sends the Case; the child materializes it, runs both oracles and compares (an assertion
+there is raised here, so failures shrink as usual).
+
+Each test runs a few examples only: the interpreter costs ~30 ms per program instance, so
+the drawn cases mostly use one program per (row, head) (block_v = 128 or 32) and one example
+pins the GPU's tiling (block_v = 16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from gdn_fuzz import checks, fused_oracle
+from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.case import Case, Regime, Row, materialize
+from gdn_fuzz.observation import observe
+from gdn_fuzz.oracles import ring
+from gdn_fuzz.strategies import case_events, cases
+from gdn_fuzz.targets import get_target
+
+RTOL = 1e-12  # see the module docstring: float64 rounding over <= ~170-term sums, two orders
+TINY = 1e-300
+GEOMETRIES = ((1, 2), (2, 2), (1, 4), (2, 4))  # (H, HV): HV 2..4, G 1..4
+_SCALE = max(1, settings.default.max_examples // 30)  # ci = dev = 1, nightly ~60
+CHILD_TIMEOUT = 300  # seconds for one answer of the interpreter process (a few, normally)
+
+
+def hsettings(n: int):
+    return settings(max_examples=n * _SCALE, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _child_init():
+    """In the interpreter process, before anything imports triton: triton.jit reads TRITON_INTERPRET
+    when it decorates, and triton.language decorates its own functions (tl.sum, ...) at import."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    """One spawned Python process per test process, with TRITON_INTERPRET=1 from its start; the tests
+    below send it Cases (run_in_interpreter) and it answers with the comparison or its exception.
+    This process's environment and its triton (if imported) are left alone."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # not a skip: CI must test the fused oracle (pip install -e '.[test]')
+        pytest.fail(f"triton is needed to test the fused oracle (pip install -e '.[test]'): {e}")
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"), initializer=_child_init) as ex:
+        assert ex.submit(_child_state).result(timeout=CHILD_TIMEOUT) == (True, None, "1")
+        yield ex
+
+
+def _child_state():
+    return fused_oracle.interpreted(), fused_oracle.unavailable("cpu"), os.environ.get("TRITON_INTERPRET")
+
+
+def run_in_interpreter(ex, fn, *args):
+    return ex.submit(fn, *args).result(timeout=CHILD_TIMEOUT)
+
+
+def kwargs(case: Case, inputs: dict) -> dict:
+    """The spec's launch keywords for a materialized case (as checks.expectation passes them)."""
+    return dict(q=inputs["q"], k=inputs["k"], v=inputs["v"], a=inputs["a"], b=inputs["b"], A_log=inputs["A_log"],
+                dt_bias=inputs["dt_bias"], pool=inputs["initial_state_source"], idx=inputs["initial_state_indices"],
+                k_cache=inputs["k_cache"], u_cache=inputs["u_cache"], g_cache=inputs["g_cache"],
+                hist_len=inputs["hist_len"], cache_base=inputs["cache_base"], flush_min=case.fmin,
+                scale=case.K ** -0.5)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.shape == y.shape and x.dtype == y.dtype and bool((x.view(torch.int64) == y.view(torch.int64)).all())
+
+
+def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, mag: torch.Tensor) -> float:
+    """|got - want| <= RTOL * mag + TINY per element, non-finite exactly where the spec's are; the worst ratio."""
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.float64, (name, got.shape, want.shape)
+    bad = ~torch.isfinite(want)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), \
+        f"{name}: NaN at {int((torch.isnan(got) != nan).sum())} elements where the spec has none, or vice versa"
+    assert torch.equal(got[bad & ~nan], want[bad & ~nan]), f"{name}: infinities differ"
+    fin = ~bad
+    err = (got - want).abs()[fin]
+    bound = RTOL * mag[fin] + TINY
+    ratio = (err / bound).max().item() if err.numel() else 0.0
+    assert ratio <= 1.0, f"{name}: |fused - spec| up to {ratio:.3g} x (1e-12 x magnitude)"
+    return ratio
+
+
+def compare(f: ring.LaunchExpectation, s: ring.LaunchExpectation) -> dict:
+    """Every field of the two expectations; returns the worst ratio per float field."""
+    out = {}
+    for name, mag in (("y", "y_mag"), ("u_app", "u_mag"), ("fold", "fold_mag")):
+        out[name] = assert_close(name, getattr(f, name), getattr(s, name), getattr(s, mag))
+    for name in ("y_mag", "u_mag", "fold_mag"):  # sums of non-negative terms: relative to themselves
+        out[name] = assert_close(name, getattr(f, name), getattr(s, name), getattr(s, name).abs())
+    for name in ("k_app", "g_app", "g_mag"):
+        assert same_bits(getattr(f, name), getattr(s, name)), f"{name}: bits differ from the spec"
+    for name in ("slots", "flush", "pad"):
+        assert torch.equal(getattr(f, name), getattr(s, name)), f"{name}: {getattr(f, name)} != {getattr(s, name)}"
+    assert {fl.name for fl in dataclasses.fields(f)} == set(out) | {"k_app", "g_app", "g_mag", "slots", "flush", "pad"}
+    return out
+
+
+@st.composite
+def small_cases(draw, poison=None):
+    """cases() at tiny geometry (B <= 3), with pad rows given any cursors (M8: never read)."""
+    case = draw(cases(arms=ARM_NAMES, Ts=(4, 8), geometries=GEOMETRIES, buckets=(1, 2, 3), poison=poison,
+                      max_extra_pool=2))
+    rows = tuple(Row(r.slot, draw(st.integers(-40, 40)), draw(st.integers(-2**31, 2**31 - 1))) if r.pad else r
+                 for r in case.rows)
+    return dataclasses.replace(case, rows=rows)
+
+
+def _compare_case(case: Case, block_v: int) -> dict:
+    """(in the interpreter process) both oracles on the materialized case, every field compared."""
+    kw = kwargs(case, materialize(case))
+    return compare(fused_oracle.launch(**kw, block_v=block_v), ring.launch(**kw))
+
+
+def _events(case: Case):
+    for e in case_events(case):
+        event(e)
+    event(f"geometry H={case.H} HV={case.HV}")
+
+
+@hsettings(10)
+@given(case=small_cases(), block_v=st.sampled_from((128, 32)))
+def test_fused_matches_spec(interpreter, case, block_v):
+    """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc)."""
+    _events(case)
+    run_in_interpreter(interpreter, _compare_case, case, block_v)
+
+
+@hsettings(6)
+@given(case=small_cases(poison=True))
+def test_fused_matches_spec_poisoned(interpreter, case):
+    """Poisoned rings and unused pool rows (NaN): NaN appears exactly where the spec has it."""
+    _events(case)
+    run_in_interpreter(interpreter, _compare_case, case, 128)
+
+
+def _gpu_tiling():
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, seed=7, regime=Regime(poison=True),
+                rows=(Row(3, 16, 20), Row(-1, 23, -5), Row(2, 5, 29)))
+    kw = kwargs(case, materialize(case))
+    f, s = fused_oracle.launch(**kw), ring.launch(**kw)  # the default block_v: the GPU's tiling
+    assert fused_oracle.BLOCK_V == 16
+    assert bool(torch.isnan(s.y[1]).all()) and not bool(torch.isnan(s.y[0]).any())  # the case does what it says
+    assert s.flush.tolist() == [True, False, False] and s.pad.tolist() == [False, True, False]
+    return compare(f, s)
+
+
+def test_fused_matches_spec_gpu_tiling(interpreter):
+    """The GPU's tiling (block_v = 16: 8 programs per (row, head)); a wrapped full window, a flush row,
+    a verify row and a pad row whose pool row 0 is poisoned: the pad row reads NaN in both oracles."""
+    run_in_interpreter(interpreter, _gpu_tiling)
+
+
+def _validates_like_the_spec():
+    case = Case(arm="fp16", T=4, H=1, HV=2, pool=2, seed=1, rows=(Row(0, 3, 0), Row(1, 2, 5)))
+    kw = kwargs(case, materialize(case))
+    kw["hist_len"] = torch.tensor([3, 17], dtype=torch.int32)
+    with pytest.raises(ValueError) as spec_err:
+        ring.launch(**kw)
+    with pytest.raises(ValueError) as fused_err:
+        fused_oracle.launch(**kw, block_v=128)
+    assert str(fused_err.value) == str(spec_err.value)
+    kw["validate"] = False  # out of the ring model's domain, but both evaluate the same formulas
+    f, s = fused_oracle.launch(**kw, block_v=128), ring.launch(**kw)
+    compare(f, s)
+
+
+def test_fused_validates_like_the_spec(interpreter):
+    """check_cursors: the same ValueError for a non-pad row's hist_len outside [0, 16]; none with validate=False."""
+    run_in_interpreter(interpreter, _validates_like_the_spec)
+
+
+# ---------------------------------------------------------------- the choice in checks.expectation
+
+CASE = Case(arm="bf16", T=4, H=1, HV=2, pool=3, seed=5, rows=(Row(2, 6, 30), Row(-1, 0, 0), Row(0, 16, 3)))
+
+
+def test_expectation_uses_the_spec_on_cpu_by_default(monkeypatch):
+    """auto (GDN_FUZZ_ORACLE unset): the inputs are on the CPU, so checks.expectation calls the spec."""
+    monkeypatch.delenv(fused_oracle.ENV, raising=False)
+    calls = []
+    spec = ring.launch
+    monkeypatch.setattr(ring, "launch", lambda **kw: calls.append(1) or spec(**kw))
+    monkeypatch.setattr(fused_oracle, "launch", lambda **kw: pytest.fail("the fused oracle ran on a CPU in auto mode"))
+    obs = observe(get_target("reference"), CASE, "cpu")
+    checks.expectation(obs)
+    assert calls == [1]
+    for val in ("auto", "spec", " SPEC "):
+        monkeypatch.setenv(fused_oracle.ENV, val)
+        checks.expectation(obs)
+    assert len(calls) == 4
+
+
+def test_oracle_choice_by_device(monkeypatch):
+    """auto picks the fused oracle on a CUDA device where triton imports (no GPU needed to ask); spec never."""
+    pytest.importorskip("triton")  # the choice needs triton to import (the interpreter tests fail without it)
+    monkeypatch.delenv(fused_oracle.ENV, raising=False)
+    assert fused_oracle.oracle_for(torch.device("cuda")) is fused_oracle.launch
+    assert fused_oracle.oracle_for("cpu") is ring.launch
+    monkeypatch.setenv(fused_oracle.ENV, "spec")
+    assert fused_oracle.oracle_for("cuda") is ring.launch
+    monkeypatch.setenv(fused_oracle.ENV, "fused")
+    assert fused_oracle.oracle_for("cuda:0") is fused_oracle.launch
+
+
+def test_fused_on_cpu_without_interpreter_fails_clearly(monkeypatch):
+    """GDN_FUZZ_ORACLE=fused where Triton cannot run: RuntimeError naming the variable, its value and the fix."""
+    monkeypatch.setenv(fused_oracle.ENV, "fused")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    obs = observe(get_target("reference"), CASE, "cpu")
+    with pytest.raises(RuntimeError) as err:
+        checks.expectation(obs)
+    msg = str(err.value)
+    assert "GDN_FUZZ_ORACLE=fused" in msg and "GDN_FUZZ_ORACLE=spec" in msg and "unset GDN_FUZZ_ORACLE" in msg
+    assert "CUDA" in msg or "triton does not import" in msg
+    with pytest.raises(RuntimeError, match="cannot run here"):  # the function itself refuses too
+        fused_oracle.launch(**kwargs(CASE, obs.before))
+
+
+def test_illegal_choice_fails_clearly(monkeypatch):
+    """Any other GDN_FUZZ_ORACLE value: ValueError naming it and the legal ones."""
+    monkeypatch.setenv(fused_oracle.ENV, "fast")
+    obs = observe(get_target("reference"), CASE, "cpu")
+    with pytest.raises(ValueError, match=r"GDN_FUZZ_ORACLE='fast' is not a legal oracle choice; "
+                                         r"use one of auto, spec, fused"):
+        checks.expectation(obs)
+
+
+def _check_launch_both():
+    target = get_target("reference")
+    case = dataclasses.replace(CASE, T=8, flush_min=6, regime=Regime(poison=True))
+    os.environ[fused_oracle.ENV] = "spec"
+    want = checks.check_launch(target, case)
+    os.environ[fused_oracle.ENV] = "fused"
+    try:
+        got = checks.check_launch(target, case)
+    finally:
+        del os.environ[fused_oracle.ENV]
+    return [str(f) for f in got], [str(f) for f in want], got.metrics, want.metrics
+
+
+def test_check_launch_with_the_fused_oracle(interpreter):
+    """GDN_FUZZ_ORACLE=fused (interpreted on the CPU) drives the whole check of a reference launch: no findings,
+    and the same per-row metrics as with the spec."""
+    got, want, got_m, want_m = run_in_interpreter(interpreter, _check_launch_both)
+    assert got == [] and want == []
+    assert got_m.keys() == want_m.keys()
+    for name in got_m:
+        for g, w in zip(got_m[name], want_m[name]):
+            assert (g is None) == (w is None), (name, g, w)
+            assert g is None or abs(g - w) <= 1e-9 * max(abs(w), 1e-30), (name, g, w)
