@@ -32,6 +32,15 @@ anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
                  (Case.draws); the default "cpu" draws everything on the CPU generator
                  (device-independent bits, but a large geometry's pool is a big CPU draw).
+--oracle auto|spec|fused|both
+                 which float64 oracle checks.expectation uses (GDN_FUZZ_ORACLE, set for the
+                 run): auto (default: the fused Triton oracle on a CUDA device where triton
+                 imports, else the spec), spec (oracles.ring.launch), fused
+                 (gdn_fuzz.fused_oracle), both (table mode only: every shape measured with
+                 each, one row per oracle, and the fused rows report `fused_vs_spec`, the
+                 largest |fused - spec| / magnitude over y, u and the fold of that shape).
+                 The JIT compile of the fused kernel is paid in a warm-up call per shape
+                 and oracle (`oracle_warmup_s`), outside the timed region.
 --profile [cprofile|torch]
                  after the measurement, one more pass under the profiler (one checked
                  launch per shape, or --profile-seconds of campaign) and print where the
@@ -40,6 +49,8 @@ anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 
 
     python benchmarks/throughput.py --target reference --device cpu --H 1 --HV 2 --json out.json
     python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device
+    python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device \
+        --B 8 64 256 --T 4 8 --arms bf16 --oracle both --json oracle-both.json
     python benchmarks/throughput.py --target production --device cuda --campaign 30 --draws device
     python benchmarks/throughput.py --target production --device cuda --product 30 --processes 1 4
 """
@@ -50,6 +61,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import platform
 import pstats
 import random
@@ -59,6 +71,7 @@ from pathlib import Path
 
 import torch
 
+from gdn_fuzz import fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import check_launch, expectation
@@ -90,7 +103,31 @@ def _time(fn, reps, device):
     return statistics.median(out)
 
 
-def bench(target, arm, T, B, H, HV, device, reps, draws="cpu"):
+def _use_oracle(name):
+    """Select the oracle of checks.expectation for what follows (GDN_FUZZ_ORACLE)."""
+    os.environ[fused_oracle.ENV] = name
+
+
+def _oracle_used(device) -> str:
+    """Which oracle checks.expectation runs now on `device`: spec or fused."""
+    return "fused" if fused_oracle.oracle_for(torch.device(device)) is fused_oracle.launch else "spec"
+
+
+def _fused_vs_spec(fused, spec) -> float:
+    """max |fused - spec| / magnitude over y, u and the fold (non-finite where either is)."""
+    worst = 0.0
+    for name, mag in (("y", "y_mag"), ("u_app", "u_mag"), ("fold", "fold_mag")):
+        f, s, m = getattr(fused, name), getattr(spec, name), getattr(spec, mag)
+        if not bool(torch.equal(torch.isnan(f), torch.isnan(s))):
+            return float("inf")
+        fin = torch.isfinite(s)
+        if bool(fin.any()):
+            worst = max(worst, ((f - s).abs()[fin] / m[fin].clamp_min(1e-300)).max().item())
+    return worst
+
+
+def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",)):
+    """One shape: bare and materialize once, then oracle and checked per oracle (one row each)."""
     case = _case(arm, T, B, H, HV, seed=B * 10 + T, draws=draws)
     compiles0 = target.compile_count(arm)
     t0 = time.perf_counter()
@@ -104,13 +141,30 @@ def bench(target, arm, T, B, H, HV, device, reps, draws="cpu"):
     del clones, it
     mat = _time(lambda: materialize(case, device), reps, device)
     obs = observe(target, case, device)
-    oracle = _time(lambda: expectation(obs), reps, device)
-    del obs
-    checked = _time(lambda: check_launch(target, case, device), reps, device)
-    return dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, warmup_s=warm,
-                compiles=target.compile_count(arm) - compiles0,
-                bare_ms=bare * 1e3, materialize_ms=mat * 1e3, oracle_ms=oracle * 1e3, checked_ms=checked * 1e3,
-                checked_per_s=1.0 / checked, overhead=checked / bare)
+    rows, spec_e = [], None
+    for name in oracles:
+        _use_oracle(name)
+        t0 = time.perf_counter()
+        e = expectation(obs)  # warm-up: the fused kernel's JIT compile for this shape is paid here
+        _sync(device)
+        oracle_warm = time.perf_counter() - t0
+        used = _oracle_used(device)
+        agree = None
+        if len(oracles) > 1:
+            if used == "spec":
+                spec_e = e
+            elif spec_e is not None:
+                agree = _fused_vs_spec(e, spec_e)
+        del e
+        oracle = _time(lambda: expectation(obs), reps, device)
+        checked = _time(lambda: check_launch(target, case, device), reps, device)
+        rows.append(dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, oracle=used, warmup_s=warm,
+                         compiles=target.compile_count(arm) - compiles0, oracle_warmup_s=oracle_warm,
+                         bare_ms=bare * 1e3, materialize_ms=mat * 1e3, oracle_ms=oracle * 1e3,
+                         checked_ms=checked * 1e3, checked_per_s=1.0 / checked, overhead=checked / bare,
+                         fused_vs_spec=agree))
+    del obs, spec_e
+    return rows
 
 
 class _Profiler:
@@ -159,13 +213,20 @@ def _meta(args, target):
     return dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=str(target), device=args.device,
                 torch=torch.__version__, python=platform.python_version(), host_threads=torch.get_num_threads(),
                 gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, reps=args.reps,
-                draws=args.draws)
+                draws=args.draws, oracle=args.oracle, triton=_triton_version(),
+                triton_interpret=os.environ.get("TRITON_INTERPRET"))
+
+
+def _triton_version():
+    triton, _ = fused_oracle._triton()
+    return getattr(triton, "__version__", None)
 
 
 def run_table(args, target):
     rows = []
-    print(f"{'arm':20s} {'T':>2s} {'B':>4s} {'bare ms':>9s} {'mat. ms':>9s} {'oracle ms':>10s} {'checked ms':>11s} "
-          f"{'checked/s':>10s} {'overhead':>9s} {'warm-up s':>9s} {'JIT':>3s}")
+    oracles = ("spec", "fused") if args.oracle == "both" else (args.oracle,)
+    print(f"{'arm':20s} {'T':>2s} {'B':>4s} {'oracle':>6s} {'bare ms':>9s} {'mat. ms':>9s} {'oracle ms':>10s} "
+          f"{'checked ms':>11s} {'checked/s':>10s} {'overhead':>9s} {'warm-up s':>9s} {'JIT':>3s} {'vs spec':>8s}")
     t_start = time.monotonic()
     for arm in args.arms:
         for T in args.T:
@@ -173,11 +234,12 @@ def run_table(args, target):
                 if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
                     print(f"(stopped: --max-seconds {args.max_seconds} spent)")
                     return rows
-                r = bench(target, arm, T, B, args.H, args.HV, args.device, args.reps, args.draws)
-                rows.append(r)
-                print(f"{arm:20s} {T:2d} {B:4d} {r['bare_ms']:9.2f} {r['materialize_ms']:9.2f} {r['oracle_ms']:10.2f} "
-                      f"{r['checked_ms']:11.2f} {r['checked_per_s']:10.1f} {r['overhead']:8.1f}x {r['warmup_s']:9.2f} "
-                      f"{r['compiles']:3d}", flush=True)
+                for r in bench(target, arm, T, B, args.H, args.HV, args.device, args.reps, args.draws, oracles):
+                    rows.append(r)
+                    agree = "" if r["fused_vs_spec"] is None else f"{r['fused_vs_spec']:8.1e}"
+                    print(f"{arm:20s} {T:2d} {B:4d} {r['oracle']:>6s} {r['bare_ms']:9.2f} {r['materialize_ms']:9.2f} "
+                          f"{r['oracle_ms']:10.2f} {r['checked_ms']:11.2f} {r['checked_per_s']:10.1f} "
+                          f"{r['overhead']:8.1f}x {r['warmup_s']:9.2f} {r['compiles']:3d} {agree:>8s}", flush=True)
                 if args.json:
                     with open(args.json, "w") as fh:
                         json.dump(dict(meta=_meta(args, target), rows=rows), fh, indent=1)
@@ -316,8 +378,19 @@ def main(argv=None):
     ap.add_argument("--profile", nargs="?", const="cprofile", choices=("cprofile", "torch"),
                     help="after measuring, profile one more pass and print where the time goes")
     ap.add_argument("--profile-seconds", type=float, default=5.0, help="campaign mode: seconds profiled")
+    ap.add_argument("--oracle", choices=("auto", "spec", "fused", "both"), default="auto",
+                    help="the float64 oracle of checks.expectation (GDN_FUZZ_ORACLE for the run); both: table mode "
+                         "only, every shape with each (default auto: fused on a CUDA device where triton imports)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.oracle == "both" and (args.campaign or args.product):
+        ap.error("--oracle both measures the per-shape table; campaign and product modes take one oracle")
+    for name in ("spec", "fused") if args.oracle == "both" else (args.oracle,):
+        _use_oracle(name)  # the last one stays set: it also reaches --product's processes
+        try:
+            fused_oracle.oracle_for(torch.device(args.device))  # fused where it cannot run: say so now
+        except RuntimeError as e:
+            ap.error(str(e))
     target = get_target(args.target)
     for a in args.arms:
         target.module(a)  # import every arm first: a module that does not fit fails here
