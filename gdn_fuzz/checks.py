@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from gdn_fuzz import fused_oracle
-from gdn_fuzz.case import Case
+from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
 from gdn_fuzz.observation import Observation, READ_ONLY, observe, same_bits
@@ -71,6 +71,23 @@ def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
         pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
         u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
         flush_min=case.fmin, scale=scale, validate=validate)
+
+
+def prepare_oracle(device: str, arms, Ts) -> int:
+    """Compile the oracle's kernels for `device` now (the fused oracle's Triton kernel: one per T and
+    arm dtypes; nothing for the spec), so that no check pays that compile.  An isolated worker does
+    this before it reports ready: a check's time is the target's (a hang timeout of 2 s once turned
+    the first check's compile into a false hang).  Returns the launches run."""
+    if fused_oracle.oracle_for(device) is ring_oracle.launch:
+        return 0
+    n = 0
+    for arm in arms:
+        for T in Ts:
+            case = Case(arm=arm, T=T, H=1, HV=1, pool=1, rows=(Row(0, 1, 0),), seed=0, draws=draws_for(device))
+            inputs = materialize(case, device)
+            expectation(Observation(case=case, before=inputs, after=inputs, output=None, from_case=True))
+            n += 1
+    return n
 
 
 @dataclass

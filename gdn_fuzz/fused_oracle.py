@@ -135,7 +135,9 @@ def _kernel(interpret: bool):
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # no value specialization of the sizes and strides: one compile per (T, the pool's and v's dtypes),
+    # whatever the geometry, so that prepare (checks.prepare_oracle) compiles everything up front
+    @triton.jit(do_not_specialize=["sp_r", "sp_h", "sp_v", "sp_k", "sv_b", "sv_t", "sv_h", "sv_v", "HV", "V", "K"])
     def fused_launch_kernel(
             pool_ptr, sp_r, sp_h, sp_v, sp_k,  # checkpoint pool [pool, HV, V, K], its stored dtype
             rows_ptr,  # [B] int64: pool row of each batch row (pad rows: 0, as the spec reads)

@@ -293,3 +293,19 @@ def test_check_launch_with_the_fused_oracle(interpreter):
         for g, w in zip(got_m[name], want_m[name]):
             assert (g is None) == (w is None), (name, g, w)
             assert g is None or abs(g - w) <= 1e-9 * max(abs(w), 1e-30), (name, g, w)
+
+
+def _prepare_in_interpreter():
+    os.environ[fused_oracle.ENV] = "fused"
+    try:
+        return checks.prepare_oracle("cpu", ("bf16", "fp16"), (4, 8)), checks.prepare_oracle("cpu", (), (4,))
+    finally:
+        del os.environ[fused_oracle.ENV]
+
+
+def test_prepare_oracle_runs_the_fused_kernel_per_arm_and_T(interpreter, monkeypatch):
+    """checks.prepare_oracle (an isolated worker on a GPU calls it before it reports ready, so no check is
+    timed with the oracle's compile in it): one launch of the chosen oracle per (arm, T); none for the spec."""
+    assert run_in_interpreter(interpreter, _prepare_in_interpreter) == (4, 0)
+    monkeypatch.setenv(fused_oracle.ENV, "spec")
+    assert checks.prepare_oracle("cpu", ("bf16",), (4, 8)) == 0

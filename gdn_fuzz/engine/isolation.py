@@ -46,7 +46,9 @@ import time
 import weakref
 from pathlib import Path
 
-from gdn_fuzz.case import Case
+from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.case import LEGAL_T, Case
+from gdn_fuzz.checks import prepare_oracle
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.targets import get_target
@@ -190,6 +192,8 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         target = get_target(target_name)
+        if str(device).startswith("cuda") and target.unavailable_reason(device) is None:
+            prepare_oracle(device, ARM_NAMES, LEGAL_T)  # the oracle's compiles, before any check is timed
     except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))
         return
