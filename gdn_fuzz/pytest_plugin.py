@@ -108,7 +108,7 @@ def pytest_addoption(parser):
     g.addoption("--gdn-corpus-readonly", action="store_true", help="never write new corpus entries")
 
 
-_ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY")
+_ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY", "GDN_FUZZ_PROCESSES")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin, which loads --hypothesis-profile NAME
@@ -127,6 +127,11 @@ def pytest_configure(config):
     # the corpus options reach gdn_fuzz.engine.corpus through the environment for this session only:
     # restored at unconfigure, so an in-process child session (pytester) cannot leak its corpus
     config._gdn_saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
+    if gdn_session(config):
+        # one campaign process per `gdn-fuzz run` a test starts (xdist already spreads the suite over
+        # the cores; `--processes auto` would start 4 per run on a 16-core GPU host: measured on the H200,
+        # the suite went from 224 s to over 500 s); a test or a user's environment may say otherwise
+        os.environ.setdefault("GDN_FUZZ_PROCESSES", "1")
     if config.getoption("--gdn-corpus"):
         os.environ["GDN_FUZZ_CORPUS"] = str(config.getoption("--gdn-corpus"))
     if config.getoption("--gdn-corpus-readonly"):

@@ -124,3 +124,24 @@ def test_uses_the_fixture(target_under_test):
                                         "--gdn-arms", "bf16", "--gdn-device", "cpu")
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["*TARGET reference bf16 cpu THREADS 1*"])
+
+
+def test_a_gdn_session_runs_one_campaign_process_per_run(pytester, monkeypatch):
+    """The plugin sets GDN_FUZZ_PROCESSES=1 for a gdn_fuzz session (tests that start `gdn-fuzz run` would
+    otherwise start four processes each on a 16-core GPU host), keeps a value the caller set, and
+    restores the environment at the end of the session."""
+    import os
+
+    pytester.makeini("[pytest]\ngdn_fuzz_profiles = true\n")
+    pytester.makepyfile("""
+        import os
+        def test_env():
+            assert os.environ.get("GDN_FUZZ_PROCESSES") == os.environ.get("EXPECTED", "1")
+    """)
+    monkeypatch.delenv("GDN_FUZZ_PROCESSES", raising=False)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert "GDN_FUZZ_PROCESSES" not in os.environ
+    monkeypatch.setenv("GDN_FUZZ_PROCESSES", "3")
+    monkeypatch.setenv("EXPECTED", "3")
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert os.environ["GDN_FUZZ_PROCESSES"] == "3"
