@@ -7,7 +7,10 @@
 #   cache (default): first and second process, then all properties; scale: one process with
 #   --torch-threads 1, then 4 processes at once with --torch-threads 4 each (16 cores);
 #   store: the kernel store (gdn_fuzz.targets.kernel_store, a fresh folder): its GPU test, then a
-#   first and a second launch-only process (the second should compile nothing and load every kernel)
+#   first and a second launch-only process (the second should compile nothing and load every kernel);
+#   oracle: benchmarks/throughput.py --oracle both (fused vs spec oracle: deviation, ms per shape);
+#   product: the product command with its defaults (launch only, then all properties), each also with
+#   --seeds-per-example 4
 # Logs and JSON under $OUT/r/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; R=$OUT/r; mkdir -p "$R"
@@ -26,10 +29,21 @@ run() {  # run NAME ARGS...: one product command, its log and JSON
   python3 - "$R/$name.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(f"  warm-up {d['warmup_s']:.1f}s ({d['warmup_compiles']} compiles); {d['examples']} examples / "
-      f"{d['launches']} checked launches in {d['seconds']:.1f}s; findings {len(d['findings'])}, known {len(d['known'])}")
-for p, v in (d.get("per_property") or {}).items():
-    print(f"  {p:15s} {v['examples']:5d} examples, first at {v['first_s']:.2f}s, {v['seconds']:.1f}s")
+ws = d.get("workers") or [d]  # several campaign processes (--processes, --gpus): a merged record
+for w in ws:
+    print(f"  {w.get('gpu', '-')}: warm-up {w['warmup_s']:.1f}s ({w['warmup_compiles']} compiles); "
+          f"{w['examples']} examples / {w['launches']} checked launches in {w['seconds']:.1f}s; "
+          f"findings {len(w['findings'])}, known {len(w['known'])}")
+if len(ws) > 1:
+    print(f"  {len(ws)} processes: {sum(w['launches'] for w in ws)} checked launches in total")
+per = {}
+for w in ws:
+    for p, v in (w.get("per_property") or {}).items():
+        a = per.setdefault(p, [0, None])
+        a[0] += v["examples"]
+        a[1] = v["first_s"] if a[1] is None else min(a[1], v["first_s"])
+for p, (n, first) in per.items():
+    print(f"  {p:15s} {n:6d} examples, first at {first:.2f}s")
 PY
 }
 export GDN_FUZZ_KERNEL_STORE=${GDN_FUZZ_KERNEL_STORE:-/tmp/gdn-kstore}
@@ -43,6 +57,15 @@ case "${1:-cache}" in
     echo "  store: $(find "$GDN_FUZZ_KERNEL_STORE" -name '*.o' | wc -l) kernels, $(du -sh "$GDN_FUZZ_KERNEL_STORE" | cut -f1)"
     run store-second --property launch
     grep -h "kernel store" "$R"/store-*.txt | head -5 ;;
+  oracle)  # the fused float64 oracle against the spec on the GPU (deviation and time per shape)
+    timeout 300 python3 benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device \
+      --B 8 64 --T 4 8 --arms bf16 --reps 5 --oracle both --json "$R/oracle-both.json" > "$R/oracle-both.txt" 2>&1
+    echo "oracle rc=$?"; tail -n 20 "$R/oracle-both.txt" | cut -c1-200 ;;
+  product)  # the product command as a user types it (defaults: processes per GPU, draws, kernel store)
+    run product-launch --property launch
+    run product-launch-k4 --property launch --seeds-per-example 4
+    run product-all
+    run product-all-k4 --seeds-per-example 4 ;;
   cache)
     run launch-first --property launch
     run launch-second --property launch
