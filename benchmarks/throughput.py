@@ -333,7 +333,7 @@ def run_product(args, target) -> dict:
         threads = max(1, cores // n)
         cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
                  "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
-                 "--seed", str(i), "--torch-threads", str(threads), "--arms", *args.arms, "--T", *map(str, args.T),
+                 "--seed", str(i), "--torch-threads", str(threads), "--processes", "1", "--arms", *args.arms, "--T", *map(str, args.T),
                  "--json", str(d / f"p{i}.json")] for i in range(n)]
         procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
         codes = [p.wait() for p in procs]

@@ -170,8 +170,9 @@ def test_precision_search_records_what_it_cannot_inspect(monkeypatch):
 
 
 def test_run_draws_device_is_stored_with_the_case(tmp_path):
-    """`gdn-fuzz run --draws device`: drawn Cases make their bulk tensors on the target's device, and a
-    finding's corpus entry keeps draws="device" in its case, so a replay draws the same way."""
+    """`gdn-fuzz run --draws device` on the CPU: the CPU generator (draws="cpu"); on a CUDA device it
+    would be draws="cuda" (test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws).  The
+    corpus entry keeps the case as it was drawn, so a replay draws the same way."""
     from gdn_fuzz.cli import main
     from gdn_fuzz.engine import corpus
 
@@ -180,7 +181,7 @@ def test_run_draws_device_is_stored_with_the_case(tmp_path):
                "--examples", "40", "--property", "launch", "--no-isolate", "--corpus", str(cdir), "--draws", "device"])
     assert rc == 1
     entries = [corpus.read(p) for p in corpus.entries(cdir)]
-    assert entries and all(e.case.draws == "device" for e in entries)
+    assert entries and all(e.case.draws == "cpu" for e in entries)
     assert all(e.reproduced_by(corpus.replay(e, device="cpu")) for e in entries)
 
 
@@ -197,3 +198,7 @@ def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
     assert again == case and again.draws == "cuda"
     assert "draws" not in Case(**{**case.__dict__, "draws": "cpu"}).to_dict()
     assert (draws_for("cpu"), draws_for("cuda"), draws_for("cuda:1")) == ("cpu", "cuda", "cuda")
+    from gdn_fuzz.cli.run import resolve_draws
+
+    assert [resolve_draws(d, dev) for d in ("auto", "device", "cpu") for dev in ("cpu", "cuda")] == \
+        ["cpu", "cuda", "cpu", "cuda", "cpu", "cpu"]

@@ -10,15 +10,21 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.case import draws_for
 from gdn_fuzz.cli.common import (EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError,
                                   console, parse_arms, target_device_arms)
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.engine.isolation import SetupError
-from gdn_fuzz.engine.multigpu import run_on_gpus
+from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.properties import REGISTRY, get_property
 from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+
+
+def resolve_draws(draws: str, device: str) -> str:
+    """--draws auto|device -> Case.draws of the device ('cuda' on a CUDA device, else 'cpu'); cpu -> 'cpu'."""
+    return "cpu" if draws == "cpu" else draws_for(device)
 
 
 def validate_run_args(args) -> None:
@@ -31,6 +37,13 @@ def validate_run_args(args) -> None:
         raise UsageError(f"--launch-timeout={args.launch_timeout:g}: give a positive number of seconds")
     if args.torch_threads is not None and args.torch_threads < 1:
         raise UsageError(f"--torch-threads={args.torch_threads}: give at least 1")
+    if args.seeds_per_example < 1:
+        raise UsageError(f"--seeds-per-example={args.seeds_per_example}: give at least 1 (1: one seed per structure; "
+                         "default $GDN_FUZZ_SEEDS_PER_EXAMPLE)")
+    try:
+        parse_processes(getattr(args, "processes", "auto"))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
     for b in args.buckets:
@@ -63,6 +76,10 @@ def cmd_run(args) -> int:
     if got is None:
         return EXIT_USAGE
     target, device, arms = got
+    n = parse_processes(getattr(args, "processes", "auto")) or auto_processes(device)
+    if n > 1:  # several campaign processes on this device (gdn_fuzz.engine.multigpu); 1: this process runs it
+        return run_processes(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console,
+                             device=device, per_device=n)
     try:
         for a in arms:
             target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
@@ -81,7 +98,7 @@ def cmd_run(args) -> int:
                     geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
                     record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
-                    torch_threads=args.torch_threads, draws=args.draws)
+                    torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
                   f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
@@ -135,10 +152,10 @@ def cmd_run(args) -> int:
         tick()
     s = camp.stats
     t = Table(title="gdn-fuzz summary")
-    for col in ("target", "device", "examples", "launches", "rounds", "JIT compiles", "new findings",
+    for col in ("target", "device", "examples", "structures", "launches", "rounds", "JIT compiles", "new findings",
                 "known bugs seen", "time", "examples/s", "warm-up"):
         t.add_column(col)
-    t.add_row(str(target), device, str(s.examples), str(s.launches), str(s.rounds), str(s.compiles),
+    t.add_row(str(target), device, str(s.examples), str(s.structures), str(s.launches), str(s.rounds), str(s.compiles),
               str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
               f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
     console.print(t)
@@ -177,6 +194,7 @@ def cmd_run(args) -> int:
     if args.json:
         rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
+                   structures=s.structures, seeds_per_example=args.seeds_per_example,
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                    warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=seconds,
                    budget_examples=args.examples, interrupted=camp.interrupted, per_property=s.per_property,
@@ -219,18 +237,29 @@ def add_parser(sub) -> None:
     r.add_argument("--launch-timeout", type=float,
                    help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
                         "check so far, at least 30 s, never past the budget left)")
-    r.add_argument("--draws", choices=("cpu", "device"), default="cpu",
-                   help="where drawn Cases make their bulk tensors (Case.draws): cpu (default; the same bits on every "
-                        "device, what corpus entries replay anywhere) or device (a generator on the target's device: "
-                        "faster on a GPU, bits tied to the device kind; stored with each entry's case)")
+    r.add_argument("--draws", choices=("auto", "cpu", "device"), default="auto",
+                   help="how drawn Cases make their bulk tensors (pool, rings, history; Case.draws): auto (default) "
+                        "and device: with torch's CUDA generator on a CUDA device (draws='cuda': no large CPU draw or "
+                        "copy; such a case replays on a CUDA device only), else the CPU generator; cpu: always the "
+                        "CPU generator (the same bits on every device)")
     r.add_argument("--torch-threads", type=int, default=int(os.environ["GDN_FUZZ_TORCH_THREADS"])
                    if os.environ.get("GDN_FUZZ_TORCH_THREADS") else None,
                    help="torch intra-op threads of the process that runs the checks (the isolated worker, or this "
                         "process with --no-isolate); default $GDN_FUZZ_TORCH_THREADS, else torch's own (every core). "
                         "Several campaigns on one machine: give each cores / campaigns")
+    r.add_argument("--seeds-per-example", type=int, default=os.environ.get("GDN_FUZZ_SEEDS_PER_EXAMPLE") or 1,
+                   help="value seeds checked per drawn structure (the drawn seed, then seeds derived from it; each one "
+                        "checked launch; a failing one is shrunk and stored with its own seed); default "
+                        "$GDN_FUZZ_SEEDS_PER_EXAMPLE, else 1")
     r.add_argument("--fail-on-known", action="store_true",
                    help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
                         f"target); by default they are listed and the exit code is {EXIT_OK}")
-    r.add_argument("--gpus", help="one campaign process per GPU: '0,1' or 'all' (CUDA_VISIBLE_DEVICES per worker, "
-                                  "seed + worker index, one shared corpus; --json gets the merged record)")
+    r.add_argument("--gpus", help="campaign processes on these GPUs, --processes per GPU: '0,1' or 'all' "
+                                  "(CUDA_VISIBLE_DEVICES per GPU, seed + worker index, one shared corpus; --json gets "
+                                  "the merged record)")
+    r.add_argument("--processes", default=os.environ.get("GDN_FUZZ_PROCESSES") or "auto", metavar="N|auto",
+                   help="campaign processes per device (each GPU of --gpus, else the run's device), each with its own "
+                        "seed and cores / processes torch threads, one shared corpus, one summary; auto (default; "
+                        "$GDN_FUZZ_PROCESSES sets another): 1 on a CPU device, on CUDA min(4, cores per GPU // 4) "
+                        "(the campaign is bound by host CPU); 1 without --gpus: this process alone")
     r.set_defaults(func=cmd_run)

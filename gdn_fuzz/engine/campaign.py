@@ -28,6 +28,17 @@ so that every JIT compile is paid outside the measured time; it restarts the clo
 reports its own seconds and compiles (stats.warmup_s, stats.warmup_compiles).
 draws="device" makes every drawn Case draw its bulk tensors on the device (Case.draws:
 fast on a GPU, bits device-dependent); the default "cpu" keeps device-independent bits.
+
+seeds_per_example=K (issue 17): each Hypothesis example draws one structure (geometry, arm,
+rows, cursors, regime: the costly part of a draw) and the body checks it with K value seeds,
+case.seed first and then value_seed(case.seed, 1..K-1), each one checked launch of its own
+(stats.examples and stats.launches count checks; stats.structures counts drawn structures).
+The body stops at the first failing seed and raises its failure, so Hypothesis shrinks the
+structure with the same K seeds and the case reported and stored is the failing one, with its
+own seed (it reproduces alone).  The budget and a stop request are checked before every one of
+the K checks, so an example budget stays exact in checked launches.  A round of n examples is
+n structures.  K = 1 checks exactly what a campaign without the option checks.  A property with
+reseed=False (properties.base.Property) gets one seed per structure whatever K is.
 """
 
 from __future__ import annotations
@@ -50,6 +61,25 @@ from gdn_fuzz.targets import Target
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.isolation import Worker
 from gdn_fuzz.properties import get_property
+
+
+_MASK64 = 2**64 - 1
+
+
+def value_seed(seed: int, i: int) -> int:
+    """The value seed of the i-th check of one drawn structure (Campaign.seeds_per_example).
+
+    i = 0 is `seed` itself (so one seed per structure checks exactly the drawn case).  For i > 0:
+    the SplitMix64 output function applied to (seed + i * 0x9E3779B97F4A7C15) mod 2**64, top
+    32 bits: every input bit reaches every output bit (consecutive i and nearby seeds give
+    unrelated values), deterministic across processes and platforms, and in [0, 2**32) like a
+    drawn seed (strategies draw seeds in [0, 2**32); Case.validate allows [0, 2**64))."""
+    if i == 0:
+        return seed
+    z = (seed + i * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 32
 
 
 class BudgetSpent(BaseException):
@@ -94,6 +124,13 @@ def _failures(exc: BaseException) -> list[PropertyFailed]:
     for sub in getattr(exc, "exceptions", ()) or ():
         out += _failures(sub)
     return out
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or [exc]."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [y for x in exc.exceptions for y in _leaves(x)]
+    return [exc]
 
 
 def _foreign(exc: BaseException) -> bool:
@@ -143,7 +180,8 @@ class CampaignFinding:
 
 @dataclass
 class CampaignStats:
-    examples: int = 0
+    examples: int = 0  # checked cases (with seeds_per_example K > 1: up to K per drawn structure)
+    structures: int = 0  # structures drawn by Hypothesis and checked at least once
     launches: int = 0
     rounds: int = 0
     compiles: int = 0
@@ -190,6 +228,7 @@ class Campaign:
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
     launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
     torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
+    seeds_per_example: int = 1  # K: value seeds checked per drawn structure (value_seed; 1: the drawn seed only)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -199,6 +238,9 @@ class Campaign:
     interrupted: bool = False
 
     def __post_init__(self):
+        k = self.seeds_per_example
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
         self._worker = None
         self._records = open(self.record_path, "a") if self.record_path else None
         self._deadline = None  # (seconds, examples) of the running budget
@@ -289,33 +331,30 @@ class Campaign:
             strat = strat.map(lambda c: dataclasses.replace(c, draws=self.draws))
         phases = (Phase.generate, Phase.target, Phase.shrink) if self.shrink else (Phase.generate,)
         round_started = self.stats.elapsed
+        k = self.seeds_per_example if prop.reseed else 1
 
         @hseed(round_seed)
         @settings(max_examples=n or self.round_examples, deadline=None, database=None, phases=phases,
                   report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
         @given(strat)
         def body(case):
-            if self._stop_requested:
-                raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
-            if self.budget_spent():
-                raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
-            exc = self._example(prop, case, on_example, on_first)
-            if exc is not None:
-                raise exc
+            for i in range(k):  # value seeds of this structure: case.seed, then value_seed(case.seed, i)
+                if self._stop_requested:
+                    raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
+                if self.budget_spent():
+                    raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
+                if i == 0:
+                    self.stats.structures += 1
+                c = case if i == 0 else dataclasses.replace(case, seed=value_seed(case.seed, i))
+                exc = self._example(prop, c, on_example, on_first)
+                if exc is not None:
+                    raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
 
         self._round_new = []
         try:
             body()
         except BudgetSpent:
-            # the best case so far of each failure first seen in this round (the latest failing
-            # example of a signature is the shrinker's current target)
-            out = []
-            for sig in self._round_new:
-                pname, case, found = self._best[sig]
-                t, n, _ = self._first[sig]
-                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
-                                           shrink_s=self.stats.elapsed - t, shrunk=False))
-            return out
+            return self._cut_short(prop, {})
         except Exception as e:  # noqa: BLE001 - our failures, possibly grouped by Hypothesis
             fails = _failures(e)
             if not fails or _foreign(e):
@@ -328,7 +367,36 @@ class Campaign:
                                            first_examples=n, shrink_s=self.stats.elapsed - t,
                                            shrunk=self.shrink and not self.budget_spent(), flaky=flaky))
             return out
+        except BaseExceptionGroup as e:
+            # The budget or a stop request came while Hypothesis replayed its shrunk failures one
+            # by one (its last step): it groups the BudgetSpent or KeyboardInterrupt raised by the
+            # body with the failures it had replayed (one failure's replay can take up to
+            # seeds_per_example checks).  Before, the group escaped the campaign as a traceback.
+            leaves = _leaves(e)
+            if any(isinstance(x, KeyboardInterrupt) for x in leaves):
+                raise KeyboardInterrupt from e
+            if not all(isinstance(x, (PropertyFailed, BudgetSpent)) for x in leaves):
+                raise
+            return self._cut_short(prop, {x.signature: x for x in leaves if isinstance(x, PropertyFailed)})
         return []
+
+    def _cut_short(self, prop: Property, replayed: dict) -> list[CampaignFinding]:
+        """The failures of a round the budget ended: one Hypothesis had shrunk and replayed
+        (`replayed`, signature -> PropertyFailed) with that case; any other first seen in this
+        round with its best case so far (the latest failing example of its signature: the
+        shrinker's current target), shrunk=False."""
+        out = []
+        for sig in dict.fromkeys([*self._round_new, *replayed]):
+            t, n, _ = self._first[sig]
+            if sig in replayed:
+                x = replayed[sig]
+                out.append(CampaignFinding(prop.name, x.case, x.findings, signature=sig, first_t=t, first_examples=n,
+                                           shrink_s=self.stats.elapsed - t, shrunk=self.shrink))
+            else:
+                pname, case, found = self._best[sig]
+                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
+                                           shrink_s=self.stats.elapsed - t, shrunk=False))
+        return out
 
     def _example(self, prop: Property, case: Case, on_example, on_first) -> PropertyFailed | None:
         """Check one case; the failure to raise (for its first new signature) or None."""

@@ -43,10 +43,17 @@ def launch_cases(**kw):
 
 @dataclass(frozen=True)
 class Property:
-    """check(target, case, device) -> list[Finding]; strategy(arms, Ts, geometries, buckets) -> cases."""
+    """check(target, case, device) -> list[Finding]; strategy(arms, Ts, geometries, buckets) -> cases.
+
+    reseed: a campaign with seeds_per_example K > 1 checks each drawn structure with K value seeds
+    (gdn_fuzz.engine.campaign.value_seed).  That is sound when the check is a pure function of
+    (structure, seed) and useful when its verdict depends on the values the seed draws.  False:
+    one seed per structure whatever K is (a check that is not a pure function of the case, or
+    whose verdict cannot depend on the drawn values)."""
 
     name: str
     clauses: str
     doc: str
     check: Callable[[Target, Case, str], list]
     strategy: Callable[..., object] = field(default=launch_cases)
+    reseed: bool = True
