@@ -74,6 +74,7 @@ def test_two_workers_share_one_corpus(tmp_path):
     for name, e in stored.items():
         assert name == e.filename()
     assert rec["totals"]["examples"] == sum(w["examples"] for w in rec["workers"])
+    assert rec["totals"]["structures"] == sum(w["structures"] for w in rec["workers"])
 
 
 def test_every_run_option_reaches_the_workers():

@@ -297,6 +297,7 @@ def run_processes(args, corpus_dir: str | None, console, *, device: str, per_dev
                   str(w["compiles"]), str(len(w["findings"])), f"{w['seconds']:.1f}s",
                   f"{w['examples'] / max(w['seconds'], 1e-9):.1f}")
     tot = dict(examples=sum(w["examples"] for w in workers), launches=sum(w["launches"] for w in workers),
+               structures=sum(w.get("structures", w["examples"]) for w in workers),
                compiles=sum(w["compiles"] for w in workers), findings=sum(len(w["findings"]) for w in workers),
                wall_seconds=wall)
     tot["examples_per_s"] = tot["examples"] / wall if wall else 0.0
