@@ -26,8 +26,9 @@ example was seen (campaign seconds, examples before it) and how long shrinking t
 warm_up() (optional, before run()) launches one legal Case per (arm, T, geometry, bucket)
 so that every JIT compile is paid outside the measured time; it restarts the clock and
 reports its own seconds and compiles (stats.warmup_s, stats.warmup_compiles).
-draws="device" makes every drawn Case draw its bulk tensors on the device (Case.draws:
-fast on a GPU, bits device-dependent); the default "cpu" keeps device-independent bits.
+draws="cuda" (what `gdn-fuzz run` passes on a CUDA device) makes every drawn Case draw its bulk
+tensors with the CUDA generator (Case.draws: fast on a GPU; such a case replays on CUDA only); the
+default "cpu" keeps device-independent bits.
 
 seeds_per_example=K (issue 17): each Hypothesis example draws one structure (geometry, arm,
 rows, cursors, regime: the costly part of a draw) and the body checks it with K value seeds,
@@ -115,33 +116,24 @@ def failure_class(signature: str) -> type:
     return cls
 
 
-def _failures(exc: BaseException) -> list[PropertyFailed]:
-    """Our failures inside what Hypothesis raised (one, an ExceptionGroup of several, or a
-    Flaky group wrapping them)."""
-    if isinstance(exc, PropertyFailed):
-        return [exc]
-    out = []
-    for sub in getattr(exc, "exceptions", ()) or ():
-        out += _failures(sub)
-    return out
-
-
 def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, or [exc]."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [y for x in exc.exceptions for y in _leaves(x)]
-    return [exc]
+    """The exceptions inside what Hypothesis raised: one, a (nested) group of several, or a Flaky
+    group wrapping them; [exc] for an exception that holds none."""
+    subs = getattr(exc, "exceptions", None)
+    if not subs:
+        return [exc]
+    return [y for x in subs for y in _leaves(x)]
+
+
+def _failures(exc: BaseException) -> list[PropertyFailed]:
+    """Our failures inside what Hypothesis raised."""
+    return [x for x in _leaves(exc) if isinstance(x, PropertyFailed)]
 
 
 def _foreign(exc: BaseException) -> bool:
     """True when what Hypothesis raised holds an exception that is not one of our failures
     (an error in a check itself): that must surface, not be filed as a finding."""
-    if isinstance(exc, PropertyFailed):
-        return False
-    subs = getattr(exc, "exceptions", None)
-    if not subs:
-        return True
-    return any(_foreign(x) for x in subs)
+    return any(not isinstance(x, PropertyFailed) for x in _leaves(exc))
 
 
 @dataclass
@@ -224,7 +216,7 @@ class Campaign:
     corpus_dir: object = None  # write every finding here (gdn_fuzz.engine.corpus); None: do not write
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
-    draws: str = "cpu"  # Case.draws of every drawn case ("device": bulk tensors drawn on the device)
+    draws: str = "cpu"  # Case.draws of every drawn case ("cuda": bulk tensors from the CUDA generator)
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
     launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
     torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
