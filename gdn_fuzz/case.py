@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gdn_fuzz import fused_oracle
 from gdn_fuzz.arms import ARM_NAMES, Arm, get_arm
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring as ring_oracle
@@ -411,7 +412,10 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     differently from the CPU's in the last float64 bit; the records are stored in float32
     or narrower, so the stored bits are almost always the CPU's (a flip needs a value
     within ~2^-29 of a float32 rounding boundary).  history_device="cpu" gives exactly the
-    CPU bits on any device, at the cost of running the recurrence on the CPU.
+    CPU bits on any device, at the cost of running the recurrence on the CPU.  On a CUDA
+    device the recurrence is one Triton kernel (fused_oracle.history: the fused oracle's
+    kernel without window or magnitudes) wherever GDN_FUZZ_ORACLE picks the fused oracle, else
+    oracles.gdn.sequential; the two differ in float64 rounding only (tests/test_fused_oracle.py).
     """
     if case.draws not in DRAWS:
         raise ValueError(f"case.draws={case.draws!r}; use one of {DRAWS}")
@@ -498,8 +502,13 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
         g, beta = gdn_oracle.gates(ha, dt_io, A_io, hb)
         hk_io = hk.to(arm.io).to(dev)
         _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
-        S0 = pool_state[torch.tensor([r.slot for r in live], device=dev)].double()
-        _, U, _ = gdn_oracle.sequential(S0, k_hat, k_hat, hv_.to(arm.io).to(dev), g, beta, keep_states=False)
+        slots = torch.tensor([r.slot for r in live], device=dev)
+        if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
+            # the same recurrence in one Triton kernel (GDN_FUZZ_ORACLE picks it as it picks the oracle)
+            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_.to(arm.io).to(dev))
+        else:
+            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_.to(arm.io).to(dev), g,
+                                            beta, keep_states=False)
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
     elif reg.history == "free":

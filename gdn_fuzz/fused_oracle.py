@@ -151,7 +151,8 @@ def _kernel(interpret: bool):
             y_ptr, ym_ptr, u_ptr, um_ptr,  # [B, T, HV, V] float64 out
             fold_ptr, foldm_ptr,  # [B, HV, V, K] float64 out
             HV, V, K,
-            T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+            T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+            HISTORY: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -166,42 +167,47 @@ def _kernel(interpret: bool):
         row = tl.load(rows_ptr + b)
         S0 = tl.load(pool_ptr + row * sp_r + hv * sp_h + offs_v[:, None] * sp_v + offs_k[None, :] * sp_k,
                      mask=m2, other=0.0).to(tl.float64)  # exact (triton widens 16-bit floats via fp32)
-        egp = tl.load(egp_ptr + bh)
-        S = egp * S0
-        M = egp * tl.abs(S0)
-        for j in range(W):  # every slot: off-window entries are exact zeros, as in the spec's sum
-            wj = tl.load(w_ptr + bh * W + j)
-            kj = tl.load(kw_ptr + (bh * W + j) * K + offs_k, mask=mk, other=0.0)
-            uj = tl.load(uw_ptr + (bh * W + j) * V + offs_v, mask=mv, other=0.0)
-            S += (wj * uj)[:, None] * kj[None, :]
-            M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
-        state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
-        tl.store(fold_ptr + state_off, S, mask=m2)
-        tl.store(foldm_ptr + state_off, M, mask=m2)
+        if HISTORY:  # history(): no window, S0 as stored, only U is written
+            S = S0
+            M = S0  # unused
+        else:
+            egp = tl.load(egp_ptr + bh)
+            S = egp * S0
+            M = egp * tl.abs(S0)
+            for j in range(W):  # every slot: off-window entries are exact zeros, as in the spec's sum
+                wj = tl.load(w_ptr + bh * W + j)
+                kj = tl.load(kw_ptr + (bh * W + j) * K + offs_k, mask=mk, other=0.0)
+                uj = tl.load(uw_ptr + (bh * W + j) * V + offs_v, mask=mv, other=0.0)
+                S += (wj * uj)[:, None] * kj[None, :]
+                M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
+            state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
+            tl.store(fold_ptr + state_off, S, mask=m2)
+            tl.store(foldm_ptr + state_off, M, mask=m2)
 
         # the T drafts (M4) and their magnitudes
         for t in range(T):
             bth = (b * T + t) * HV + hv
             eg = tl.load(eg_ptr + bth)
             bt = tl.load(beta_ptr + bth)
-            qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
             kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
             vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv, other=0.0).to(tl.float64)
-            qa = tl.abs(qt)
-            ka = tl.abs(kt)
             S = eg * S
             U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
             S += U[:, None] * kt[None, :]
-            y = tl.sum(S * qt[None, :], axis=1)
-            M = eg * M
-            Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
-            M += Um[:, None] * ka[None, :]
-            ym = tl.sum(M * qa[None, :], axis=1)
             out_off = bth * V + offs_v
-            tl.store(y_ptr + out_off, y, mask=mv)
             tl.store(u_ptr + out_off, U, mask=mv)
-            tl.store(ym_ptr + out_off, ym, mask=mv)
-            tl.store(um_ptr + out_off, Um, mask=mv)
+            if not HISTORY:
+                qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
+                qa = tl.abs(qt)
+                ka = tl.abs(kt)
+                y = tl.sum(S * qt[None, :], axis=1)
+                M = eg * M
+                Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
+                M += Um[:, None] * ka[None, :]
+                ym = tl.sum(M * qa[None, :], axis=1)
+                tl.store(y_ptr + out_off, y, mask=mv)
+                tl.store(ym_ptr + out_off, ym, mask=mv)
+                tl.store(um_ptr + out_off, Um, mask=mv)
 
     return fused_launch_kernel
 
@@ -242,6 +248,31 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag,
                                          **ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base,
                                                                flush_min))
+
+
+def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V) -> torch.Tensor:
+    """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
+    (its second output), from the launch kernel with no window and no magnitudes: how
+    case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored
+    dtype; rows [n] int (pool rows); g, beta [n, T, HV]; k_hat [n, T, HV, K]; v [n, T, HV, V] (IO dtype).
+    Same arithmetic as the spec in another summation order: float64 rounding apart (the records are
+    then stored in float32 or narrower)."""
+    why = unavailable(k_hat.device)
+    if why is not None:
+        raise RuntimeError(f"the fused history cannot run here: {why}; use oracles.gdn.sequential")
+    n, T, HV, K = k_hat.shape
+    V = v.shape[-1]
+    U = torch.empty(n, T, HV, V, dtype=torch.float64, device=k_hat.device)
+    if n and HV and V:
+        f64 = lambda x: x.to(torch.float64).contiguous()  # noqa: E731
+        kern = _kernel(_interpreter()[0])
+        unused = U  # pointers the HISTORY variant never reads or writes
+        kern[(_cdiv(V, block_v), HV, n)](
+            pool, *pool.stride(), rows.long().contiguous(), unused, unused, unused, unused,
+            f64(torch.exp(g)), f64(beta), unused, f64(k_hat), v, *v.stride(), unused, unused, U, unused,
+            unused, unused, HV, V, K, T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS,
+            HISTORY=True)
+    return U
 
 
 def _cdiv(n: int, d: int) -> int:

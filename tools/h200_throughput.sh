@@ -66,6 +66,19 @@ case "${1:-cache}" in
     run product-launch-k4 --property launch --seeds-per-example 4
     run product-all
     run product-all-k4 --seeds-per-example 4 ;;
+  profile)  # where a checked launch's time goes: in-process campaign under cProfile and torch.profiler,
+    # then the product command in one process with its parent (Hypothesis, isolation) under cProfile
+    for how in cprofile torch; do
+      timeout 240 python3 benchmarks/throughput.py --target production --device cuda --campaign 15 --draws device \
+        --profile $how --profile-seconds 10 --json "$R/profile-$how.json" > "$R/profile-$how.txt" 2>&1
+      echo "profile $how rc=$?"; grep -m1 "^campaign: [0-9]" "$R/profile-$how.txt"
+    done
+    [ -d "$R/corpus" ] || cp -r corpus "$R/corpus"
+    timeout 150 python3 -m cProfile -o "$R/parent.prof" -m gdn_fuzz.cli run --target production --warm-up \
+      --seconds "$S" --processes 1 --property launch --corpus "$R/corpus" --json "$R/parent.json" > "$R/parent.txt" 2>&1
+    echo "parent rc=$?"; tail -n 3 "$R/parent.txt"
+    python3 -c "import pstats,sys; s=pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(25); s.sort_stats('cumulative').print_stats(40)" \
+      "$R/parent.prof" > "$R/parent-prof.txt" 2>&1 ;;
   cache)
     run launch-first --property launch
     run launch-second --property launch
