@@ -30,7 +30,8 @@ launches in total, per process, warm-up, the ratio to the first process count's 
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
 
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
-                 (Case.draws); the default "cpu" draws everything on the CPU generator
+                 (Case.draws "cuda" on a CUDA device: also q, k, v; the legacy "device" on
+                 a CPU); the default "cpu" draws everything on the CPU generator
                  (device-independent bits, but a large geometry's pool is a big CPU draw).
 --oracle auto|spec|fused|both
                  which float64 oracle checks.expectation uses (GDN_FUZZ_ORACLE, set for the
@@ -292,7 +293,7 @@ def run_campaign(args, target):
     for f in rec["findings"]:
         print("  finding:", f)
     if args.compare_draws:  # same process: every shape is compiled already
-        other = "cpu" if args.draws == "device" else "device"
+        other = "cpu" if args.draws != "cpu" else ("cuda" if torch.device(args.device).type == "cuda" else "device")
         c2 = make(args.seed + 2, other)
         c2.stats.started = time.monotonic()
         c2.run(seconds=args.compare_draws)
@@ -391,6 +392,10 @@ def main(argv=None):
             fused_oracle.oracle_for(torch.device(args.device))  # fused where it cannot run: say so now
         except RuntimeError as e:
             ap.error(str(e))
+    if args.draws == "device":  # Case.draws of the device: "cuda" on CUDA (what `gdn-fuzz run` draws there)
+        from gdn_fuzz.case import draws_for
+
+        args.draws = "device" if draws_for(args.device) == "cpu" else "cuda"
     target = get_target(args.target)
     for a in args.arms:
         target.module(a)  # import every arm first: a module that does not fit fails here

@@ -7,9 +7,9 @@ A Case is what a failure prints, what the corpus stores and what `gdn-fuzz repla
 
 Speed (issues 10 and 17): the float64 history recurrence that fills consistent windows runs
 on the target's device (see `materialize`).  Cases with draws="cuda" (the default of
-`gdn-fuzz run` on a CUDA device) draw their bulk tensors (pool, rings, history tokens) with
-torch's counter-based CUDA generator (Philox) seeded by the case's seed, on the device: no
-CPU-side tensor larger than the token inputs.  Their bits are those of that generator, so
+`gdn-fuzz run` on a CUDA device) draw their bulk tensors (pool, rings, history tokens and the
+launch's q, k, v) with torch's counter-based CUDA generator (Philox) seeded by the case's seed,
+on the device: no CPU-side tensor larger than the gates ([B, T, HV]).  Their bits are those of that generator, so
 such a case replays on a CUDA device only (materialize refuses another device, saying so);
 see Case.draws.
 """
@@ -138,10 +138,11 @@ class Case:
     # How the values were drawn (corpus entries keep it, so a replay draws the same way):
     # "cpu" (default of every Case): all values from one seeded CPU generator, the same bits
     #   on every device.  Left out of to_dict().
-    # "cuda": the bulk tensors (pool, rings, history tokens) from torch's CUDA generator
-    #   (counter-based Philox) seeded with `seed`, on the CUDA device the case is launched on;
-    #   the token inputs and gates still come from the CPU generator.  No large CPU draw or
-    #   host-to-device copy (measured on an H200 at B = 64: materialize 728 ms -> 37 ms).
+    # "cuda": the bulk tensors (pool, rings, history tokens, the launch's q, k, v) from torch's
+    #   CUDA generator (counter-based Philox) seeded with `seed`, on the CUDA device the case is
+    #   launched on; the gates (A_log, dt_bias, a, b) still come from the CPU generator.  No large
+    #   CPU draw or host-to-device copy (measured on an H200 at B = 64: materialize 728 ms -> 37 ms
+    #   with the pool and rings on the device, docs/benchmarks.md).
     #   The bits are the CUDA generator's: materialize() refuses a non-CUDA device, and they
     #   may also differ under another torch release or GPU model (torch sizes the generator's
     #   launch by the device's multiprocessor count).
@@ -372,14 +373,16 @@ def _keys(regime: Regime, gen, shape):
     return k * regime.qk_scale
 
 
-def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: int):
+def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: int, bulk=None):
     """One launch's token inputs from `gen`, in a fixed draw order (corpus entries rely on it).
 
-    Returns float32 CPU tensors q, k [B, T, H, K], v [B, T, HV, V], A_log, dt_bias [HV], a, b [B, T, HV].
+    Returns float32 tensors q, k [B, T, H, K], v [B, T, HV, V], A_log, dt_bias [HV], a, b [B, T, HV],
+    on the CPU; with `bulk` (a generator, possibly on a GPU) q, k and v come from it, on its device.
     """
-    q = torch.randn(B, T, H, K, generator=gen) * reg.qk_scale
-    k = _keys(reg, gen, (B, T, H, K))
-    v = torch.randn(B, T, HV, V, generator=gen) * reg.v_scale
+    big = gen if bulk is None else bulk
+    q = torch.randn(B, T, H, K, generator=big, device=big.device) * reg.qk_scale
+    k = _keys(reg, big, (B, T, H, K))
+    v = torch.randn(B, T, HV, V, generator=big, device=big.device) * reg.v_scale
     A_log, dt_bias, a = decay_params(reg, gen, B, T, HV)
     b = _beta_logits(reg, gen, (B, T, HV))
     return q, k, v, A_log, dt_bias, a, b
@@ -399,9 +402,9 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
 
     Values come from a generator seeded with case.seed, in a fixed draw order (corpus
     entries rely on it): one CPU generator for everything (case.draws == "cpu", the
-    default: the same bits on every device), or for case.draws == "device" the bulk
-    tensors (pool, rings, history tokens) from a generator on `device` (see Case.draws;
-    draws="cuda" needs a CUDA `device`: ValueError otherwise).
+    default: the same bits on every device), or for case.draws == "cuda" (and the legacy
+    "device") the bulk tensors from a generator on `device` (see Case.draws; draws="cuda"
+    needs a CUDA `device`: ValueError otherwise).
     They are rounded to the arm's dtypes, then moved to `device`.  Slots of the pool that
     no row uses, and ring slots outside every window, hold random values (or NaN with
     regime.poison).
@@ -431,7 +434,9 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     bulk = gen if case.draws == "cpu" else torch.Generator(device=dev).manual_seed(case.seed)  # cuda, device
     B, T, H, HV, K, V, NP = case.B, case.T, case.H, case.HV, case.K, case.V, case.pool
     reg = case.regime
-    q, k, v, A_log, dt_bias, a, b = draw_tokens(reg, gen, B, T, H, HV, K, V)
+    # draws="cuda": the value-sized token inputs (q, k, v) on the device too; "device" (legacy): on the CPU
+    q, k, v, A_log, dt_bias, a, b = draw_tokens(reg, gen, B, T, H, HV, K, V,
+                                                bulk=bulk if case.draws == "cuda" else None)
     bd = bulk.device
     pool = torch.randn(NP, HV, V, K, generator=bulk, device=bd) * reg.state_scale
     # ring garbage everywhere, then each row's window
@@ -479,7 +484,7 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
     consistent: run W_RING history tokens through the float64 recurrence from the row's
     checkpoint and record (k_hat, U, G cumulative from the checkpoint), as earlier launches
     would have; free: random normalized keys, random updates, decreasing G.
-    History keys and values come from `bulk` (= gen unless case.draws == "device"), decay
+    History keys and values come from `bulk` (= gen when case.draws == "cpu"), decay
     and beta from gen.  Everything after the draws runs on the caches' device, with one
     indexed write per buffer for all rows.
     """

@@ -88,14 +88,14 @@ def test_every_run_option_reaches_the_workers():
 
 
 def test_auto_processes_is_one_on_cpu_and_the_core_rule_on_cuda(monkeypatch):
-    """auto: 1 on a CPU device; on CUDA min(4, max(1, cores per GPU // 4)) (16 cores, one GPU -> 4)."""
+    """auto: 1 on a CPU device; on CUDA min(8, max(1, cores per GPU // 2)) (16 cores, one GPU -> 8)."""
     assert parse_processes("auto") is None and parse_processes("3") == 3
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert auto_processes("cpu") == 1
-    assert [auto_processes("cuda", g) for g in (1, 2, 4, 8)] == [4, 2, 1, 1]
-    assert auto_processes("cuda:1") == 4
-    assert [auto_processes("cuda", 1, c) for c in (2, 7, 8, 12, 64)] == [1, 1, 2, 3, 4]
-    assert [auto_processes("cuda", 8, c) for c in (128, 64, 16)] == [4, 2, 1]
+    assert [auto_processes("cuda", g) for g in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert auto_processes("cuda:1") == 8
+    assert [auto_processes("cuda", 1, c) for c in (2, 3, 7, 8, 12, 64)] == [1, 1, 3, 4, 6, 8]
+    assert [auto_processes("cuda", 8, c) for c in (128, 64, 16)] == [8, 4, 1]
     # --gpus all: the GPUs torch sees share the host's cores (no GPU needed: counts patched)
     import torch
 
@@ -107,7 +107,7 @@ def test_auto_processes_is_one_on_cpu_and_the_core_rule_on_cuda(monkeypatch):
     assert multigpu.run_on_gpus(argparse.Namespace(**{**base, "processes": "3"}), None, None) == 0
     assert multigpu.run_on_gpus(argparse.Namespace(**{**base, "device": "cpu"}), None, None) == 0
     assert [(k["gpus"], k["device"], k["per_device"]) for k in seen] == [
-        (["0", "1"], "cuda", 2), (["0", "1"], "cuda", 3), (["0", "1"], "cpu", 1)]
+        (["0", "1"], "cuda", 4), (["0", "1"], "cuda", 3), (["0", "1"], "cpu", 1)]
 
 
 def test_auto_without_gpus_uses_the_runs_own_cuda_device(monkeypatch, tmp_path):
@@ -122,7 +122,7 @@ def test_auto_without_gpus_uses_the_runs_own_cuda_device(monkeypatch, tmp_path):
     monkeypatch.setattr(run_cli, "target_device_arms", lambda args: (get_target("reference"), "cuda", ("bf16",)))
     monkeypatch.setattr(run_cli, "run_processes", lambda args, cdir, console, **kw: seen.append(kw) or 0)
     assert main(["run", "--seconds", "30", "--property", "launch", "--no-corpus"]) == 0
-    assert seen == [dict(device="cuda", per_device=4)]  # gpus=None: the environment is kept
+    assert seen == [dict(device="cuda", per_device=8)]  # gpus=None: the environment is kept
     class SingleProcess(Exception):
         pass
 

@@ -15,6 +15,7 @@ import json
 import os
 
 import pytest
+import torch
 from hypothesis import given, settings
 
 from gdn_fuzz import cli
@@ -202,3 +203,25 @@ def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
 
     assert [resolve_draws(d, dev) for d in ("auto", "device", "cpu") for dev in ("cpu", "cuda")] == \
         ["cpu", "cuda", "cpu", "cuda", "cpu", "cpu"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: draws='cuda' cases materialize "
+                    "on CUDA only")
+def test_cuda_draws_replay_bit_identically_and_draw_the_tokens_on_the_device():
+    """draws="cuda": the same Case materializes to the same bits twice on the same device (a corpus entry
+    replays), and q, k, v come from the CUDA generator (other values than draws="cpu" gives), while the
+    gates (a, b, A_log, dt_bias) still come from the CPU generator (the same bits as draws="cpu")."""
+    from gdn_fuzz.case import Case, Row, materialize
+
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, rows=(Row(1, 7, 30), Row(3, 0, 0)), seed=5, draws="cuda")
+    one, two = materialize(case, "cuda"), materialize(case, "cuda")
+    cpu = materialize(Case(**{**case.__dict__, "draws": "cpu"}), "cuda")
+    from gdn_fuzz.observation import same_bits
+
+    for name, x in one.items():
+        if isinstance(x, torch.Tensor):
+            assert x.device.type == "cuda" and bool(same_bits(x, two[name]).all()), name
+    for name in ("q", "k", "v"):
+        assert not torch.equal(one[name], cpu[name]), name
+    for name in ("a", "b", "A_log", "dt_bias"):
+        assert torch.equal(one[name], cpu[name]), name

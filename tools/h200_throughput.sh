@@ -23,9 +23,15 @@ S=${SECONDS_EACH:-30}
 run() {  # run NAME ARGS...: one product command, its log and JSON
   local name=$1; shift; local s=$(date +%s)
   [ -d "$R/corpus" ] || cp -r corpus "$R/corpus"
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > "$R/$name.util" 2>/dev/null &
+  local smi=$!
   timeout "${CAP_S:-150}" gdn-fuzz run --target production --warm-up --seconds "$S" --corpus "$R/corpus" \
     --json "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
-  echo "$name rc=$? wall $(( $(date +%s) - s ))s; cache files $(find "$CUTE_DSL_CACHE_DIR" -type f | wc -l)"
+  local rc=$?; kill "$smi" 2>/dev/null
+  echo "$name rc=$rc wall $(( $(date +%s) - s ))s; cache files $(find "$CUTE_DSL_CACHE_DIR" -type f | wc -l)"
+  # GPU utilization (nvidia-smi, every 0.5 s): the last S seconds of samples are the measured campaign
+  awk -v n=$(( S * 2 )) '{a[NR]=$1} END {s=0; c=0; for (i=NR-n+1; i<=NR; i++) if (i>0) {s+=a[i]; c++};
+    if (c) printf "  GPU utilization over the last %d samples: mean %.0f%%\n", c, s/c}' "$R/$name.util"
   python3 - "$R/$name.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -79,6 +85,17 @@ case "${1:-cache}" in
     echo "parent rc=$?"; tail -n 3 "$R/parent.txt"
     python3 -c "import pstats,sys; s=pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(25); s.sort_stats('cumulative').print_stats(40)" \
       "$R/parent.prof" > "$R/parent-prof.txt" 2>&1 ;;
+  final)  # issue 17, third session: per-shape table, launch only at 1 / 4 / auto (8 on 16 cores) processes, all properties
+    timeout 200 python3 benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device \
+      --B 8 64 --T 4 --arms bf16 --reps 5 --json "$R/table.json" > "$R/table.txt" 2>&1
+    echo "table rc=$?"; tail -n 4 "$R/table.txt" | cut -c1-200
+    for n in 1 4; do run "launch-p$n" --property launch --processes "$n"; done
+    run launch-auto --property launch
+    run all-auto ;;
+  mutants)  # the production mutation score (docs/mutation.md), then the suite
+    timeout "${MUT_S:-420}" gdn-fuzz mutants --base production --device cuda --budget "${MUT_BUDGET:-40}" \
+      --json "$R/mutants.json" > "$R/mutants.txt" 2>&1
+    echo "mutants rc=$?"; tail -n 16 "$R/mutants.txt" | cut -c1-200 ;;
   cache)
     run launch-first --property launch
     run launch-second --property launch

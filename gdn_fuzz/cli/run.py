@@ -260,6 +260,6 @@ def add_parser(sub) -> None:
     r.add_argument("--processes", default=os.environ.get("GDN_FUZZ_PROCESSES") or "auto", metavar="N|auto",
                    help="campaign processes per device (each GPU of --gpus, else the run's device), each with its own "
                         "seed and cores / processes torch threads, one shared corpus, one summary; auto (default; "
-                        "$GDN_FUZZ_PROCESSES sets another): 1 on a CPU device, on CUDA min(4, cores per GPU // 4) "
+                        "$GDN_FUZZ_PROCESSES sets another): 1 on a CPU device, on CUDA min(8, cores per GPU // 2) "
                         "(the campaign is bound by host CPU); 1 without --gpus: this process alone")
     r.set_defaults(func=cmd_run)

@@ -5,7 +5,7 @@ CUDA_VISIBLE_DEVICES set to that GPU alone (so the child's `cuda` device is it, 
 and crash-isolation worker stay on it).  Without --gpus, `--processes N` (N > 1) starts N children
 on the run's own device (`--device cpu` too; on CUDA the parent's CUDA_VISIBLE_DEVICES is kept).
 `--processes auto` (the default; $GDN_FUZZ_PROCESSES sets another) is `auto_processes`: 1 on a CPU
-device, on CUDA min(4, max(1, cores per GPU // 4)).  When the total is one child and --gpus is not
+device, on CUDA min(8, max(1, cores per GPU // 2)).  When the total is one child and --gpus is not
 given, `gdn-fuzz run` stays the single process it always was (no child).
 
 Each child gets its own seed (seed + its index over all children: they explore different
@@ -83,15 +83,15 @@ def parse_processes(spec) -> int | None:
 def auto_processes(device: str, gpus: int = 1, cores: int | None = None) -> int:
     """`--processes auto`: campaign processes per device.  1 on a CPU device (CPU runs are tests and CI,
     which expect one process and its plain record; --processes 2 checked 1.40x on a 2-core machine:
-    docs/benchmarks.md).  On CUDA min(4, max(1, cores_per_gpu // 4)), cores_per_gpu = the host's cores / the
-    GPUs used: the campaign is bound by host CPU, not by the GPU.  Measured on an H200 host with 16 cores
-    (docs/benchmarks.md, issue 17): one process checked 720-806 launches per 30 s; four processes on the
-    same GPU at 4 torch threads each checked 2,511 in total (3.1-3.5x); one thread per process was slower
-    than one process.  So 4 cores per process, at most 4 processes per GPU (16 cores -> 4)."""
+    docs/benchmarks.md).  On CUDA min(8, max(1, cores_per_gpu // 2)), cores_per_gpu = the host's cores / the
+    GPUs used: the campaign is bound by host CPU, not by the GPU, and each process is two (the campaign and
+    its crash-isolation worker, which take turns).  Measured on an H200 host with 16 cores, same tree, launch
+    only, 30 s (docs/benchmarks.md, issue 17, third session): 1 process 1,762 checked launches, 4 processes
+    4,765, 8 processes 5,525.  So 2 cores per process, at most 8 per GPU (16 cores -> 8)."""
     if not str(device).startswith("cuda"):
         return 1
     per_gpu = (cores or os.cpu_count() or 1) // max(1, gpus)
-    return min(4, max(1, per_gpu // 4))
+    return min(8, max(1, per_gpu // 2))
 
 
 # Every option of `gdn-fuzz run`, by its argparse dest, that child_argv carries to the workers (or,
