@@ -303,6 +303,13 @@ def test_crash_outcomes_are_stable(tmp_path):
         assert f1.signature() == f2.signature() and w.restarts == 2
     finally:
         w.close()
+    # an out-of-bounds access raises 700 or 717 depending on where the address falls: one class
+    from gdn_fuzz.engine.isolation import fatal_outcome
+
+    assert {fatal_outcome("AcceleratorError: CUDA error: an illegal memory access was encountered"),
+            fatal_outcome("AcceleratorError: CUDA error: operation not supported on global/shared address space")} \
+        == {"crash: fatal CUDA error: illegal memory access"}
+    assert fatal_outcome("CUDA error: misaligned address") == "crash: fatal CUDA error: misaligned address"
 
 
 def test_reproduces_runs_in_a_fresh_worker(tmp_path):

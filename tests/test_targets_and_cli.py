@@ -210,8 +210,8 @@ def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
 def test_cuda_draws_replay_bit_identically_and_draw_the_tokens_on_the_device():
     """draws="cuda": the same Case materializes to the same bits twice on the same device (a corpus entry
     replays), and q, k, v come from the CUDA generator (other values than draws="cpu" gives), while the
-    gates (a, b, A_log, dt_bias) still come from the CPU generator (the same bits as draws="cpu")."""
-    from gdn_fuzz.case import Case, Row, materialize
+    gates (A_log, dt_bias, a, b) are the first draws of the CPU generator seeded with the case's seed."""
+    from gdn_fuzz.case import Case, Row, _beta_logits, decay_params, materialize
 
     case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, rows=(Row(1, 7, 30), Row(3, 0, 0)), seed=5, draws="cuda")
     one, two = materialize(case, "cuda"), materialize(case, "cuda")
@@ -223,5 +223,8 @@ def test_cuda_draws_replay_bit_identically_and_draw_the_tokens_on_the_device():
             assert x.device.type == "cuda" and bool(same_bits(x, two[name]).all()), name
     for name in ("q", "k", "v"):
         assert not torch.equal(one[name], cpu[name]), name
-    for name in ("a", "b", "A_log", "dt_bias"):
-        assert torch.equal(one[name], cpu[name]), name
+    gen = torch.Generator().manual_seed(case.seed)
+    A_log, dt_bias, a = decay_params(case.regime, gen, case.B, case.T, case.HV)
+    b = _beta_logits(case.regime, gen, (case.B, case.T, case.HV))
+    for name, x in dict(A_log=A_log, dt_bias=dt_bias, a=a, b=b).items():
+        assert torch.equal(one[name].cpu(), x.to(one[name].dtype)), name

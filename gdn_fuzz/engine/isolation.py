@@ -100,11 +100,21 @@ def derive_timeout(budget_left_s: float | None, measured_s: float | None, floor_
     return max(float(floor_s), base)
 
 
+# The CUDA errors of a kernel that dereferenced an address it may not, as one outcome class: which of
+# them an out-of-bounds access raises depends on where the stray address falls, i.e. on the allocations
+# made before the launch, not on the case (seen on an H200: the same corpus entry raised 700, then 717
+# after materialize allocated differently; docs/h200-results.md, runs 24-27).
+BAD_ADDRESS = ("illegal memory access",  # cudaErrorIllegalAddress (700)
+               "operation not supported on global/shared address space")  # cudaErrorInvalidAddressSpace (717)
+
+
 def fatal_outcome(text: str) -> str:
     """The outcome class of a sticky CUDA error: the error's own words (the first CUDA_FATAL marker
-    that names one), whichever way it reached the parent (a raised exception, or a finding whose
-    message quotes it), else the normalized first line."""
+    that names one; every BAD_ADDRESS error is 'illegal memory access'), whichever way it reached the
+    parent (a raised exception, or a finding whose message quotes it), else the normalized first line."""
     low = text.lower()
+    if any(m in low for m in BAD_ADDRESS):
+        return f"crash: fatal CUDA error: {BAD_ADDRESS[0]}"
     for marker in CUDA_FATAL[:4]:  # the markers that name the error
         if marker in low:
             return f"crash: fatal CUDA error: {marker}"
