@@ -223,3 +223,23 @@ def test_a_finding_the_base_shares_is_not_a_kill():
     finally:
         P.REGISTRY["launch"] = saved
     assert not rec["killed"] and rec["base_also_fails"] and rec["base_also_fails"][0]["prop"] == "launch"
+
+
+def test_isolated_baseline_runs_on_the_campaigns_device(monkeypatch):
+    """The baseline of a mutant that kills its process runs in a child on the study's device.  Before: the
+    child ran on the CPU, so on the H200 the production crash mutant's baseline 'killed' it with "GDN CuTe-DSL
+    kernels require CUDA tensors, got cpu" (docs/mutation.md, run 26)."""
+    import subprocess
+
+    from gdn_fuzz.studies import mutation_score
+
+    seen = []
+
+    def fake_run(argv, **kw):
+        seen.append(argv[-1])
+        return subprocess.CompletedProcess(argv, 0, stdout='{"killed": false, "failures": []}\n', stderr="")
+
+    monkeypatch.setattr(mutation_score.subprocess, "run", fake_run)
+    assert mutation_score._baseline_isolated("gpu_oob_full_window", ("bf16",), "cuda") == dict(killed=False,
+                                                                                             failures=[])
+    assert "device='cuda'" in seen[0]

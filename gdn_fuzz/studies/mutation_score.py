@@ -66,10 +66,10 @@ def production_mutants() -> list[str]:
     return [n for n, m in CATALOGUE.items() if m.base == "production"]
 
 
-def _baseline_isolated(name: str, arms) -> dict:
-    """The baseline in a child process (for mutants that kill their process)."""
+def _baseline_isolated(name: str, arms, device: str = "cpu") -> dict:
+    """The baseline in a child process (for mutants that kill their process), on `device`."""
     code = ("import json, sys\nfrom gdn_fuzz.studies.baseline import run_baseline\nfrom gdn_fuzz.targets import get_target\n"
-            f"r = run_baseline(get_target('mutant:{name}'), arms={tuple(arms)!r})\n"
+            f"r = run_baseline(get_target('mutant:{name}'), arms={tuple(arms)!r}, device={str(device)!r})\n"
             "print(json.dumps(dict(killed=r.killed, failures=r.failures[:5])))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
@@ -154,7 +154,7 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
             rec["t_run"] = camp.stats.elapsed
         if baseline:
             if isolate:
-                b = _baseline_isolated(name, arms)
+                b = _baseline_isolated(name, arms, device)
                 rec["baseline_killed"], rec["baseline_failures"] = b["killed"], b["failures"]
             else:
                 b = run_baseline(target, arms=tuple(arms), device=device)
