@@ -18,10 +18,12 @@ How this file tests
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gdn_fuzz.arms import ARM_NAMES
-from gdn_fuzz.case import Case, Row
+from gdn_fuzz.case import Case, Regime, Row
 from gdn_fuzz.targets.mutants import CATALOGUE
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.properties.relations import metamorphic_check
@@ -37,6 +39,8 @@ CASES = {
     "fmin5": Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 8, 0),), flush_min=5, seed=2),
     "ring16": Case(arm="bf16-state16-ring16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4),
     "state16": Case(arm="bf16-state16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4),
+    "eps": Case(arm="bf16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4,
+                regime=Regime(qk_scale=3e-5)),
 }
 
 # mutant -> (case, property name or "metamorphic:<relation>")
@@ -63,6 +67,7 @@ HAND = {
     "head_map_mod": ("gqa", "launch"),
     "beta_no_sigmoid": ("wrap", "launch"),
     "q_scale_missing": ("wrap", "launch"),
+    "tiny_norm_as_zero": ("eps", "launch"),  # ||k||^2 ~ 1.2e-7: below the eps, where k_hat is not 0
     "commit_base_slides_verify": ("wrap", "commit"),  # row 1 verifies with P = 5
     "commit_pad_exempt": ("wrap", "commit"),  # the pad row gets P >= flush_min
     "guard_T": ("wrap", "guards"),
@@ -243,3 +248,14 @@ def test_isolated_baseline_runs_on_the_campaigns_device(monkeypatch):
     assert mutation_score._baseline_isolated("gpu_oob_full_window", ("bf16",), "cuda") == dict(killed=False,
                                                                                              failures=[])
     assert "device='cuda'" in seen[0]
+
+
+@pytest.mark.parametrize("qk_scale", [1.0, 1e-3, 30.0])
+def test_eps_scale_mutant_needs_the_eps_regime(qk_scale):
+    """tiny_norm_as_zero (issue 18) only shows for ||k||^2 far below 1e-4: at the key scales the
+    strategies drew before the eps-scale regime (qk_scale 1.0, 1e-3, 30: ||k||^2 >= 1.3e-4) and with
+    exact zero keys it gives the reference's results, so the kill in test_kill_rate_no_regression
+    comes from the new regime."""
+    for keys in ("random", "zero_norm"):
+        case = dataclasses.replace(CASES["eps"], regime=Regime(qk_scale=qk_scale, keys=keys))
+        assert get_property("launch").check(get_target("mutant:tiny_norm_as_zero"), case, "cpu") == []

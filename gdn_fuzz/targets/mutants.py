@@ -230,6 +230,14 @@ register(
     Mutant("q_scale_missing", "M2", "oracle.y",
            "q_hat = (_l2n(q) * scale)", "q_hat = (_l2n(q))",
            "the 1/sqrt(K) scale is not applied to q_hat.  Exposed by any non-pad row."),
+    Mutant("tiny_norm_as_zero", "M2", "oracle",
+           "    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + EPS)",
+           "    n2 = (x * x).sum(-1, keepdim=True)\n"
+           "    return torch.where(n2 < EPS, 0.0, x * torch.rsqrt(n2 + EPS))",
+           "a 'skip empty keys' shortcut: keys and queries with ||x||^2 below the normalisation eps (1e-6) "
+           "are normalized to zero, where the contract's x (||x||^2 + 1e-6)^{-1/2} is not (at ||x||^2 = 5e-7 "
+           "it has norm 0.58).  Exact zeros and ||x||^2 >= 1e-6 are unchanged, so only the eps-scale "
+           "regime (qk_scale <= 3e-5, issue 18) exposes it."),
     # ---- precision of stored records (N3)
     Mutant("u_stored_io", "N3", "study:precision.u",
            "U = torch.stack(Us, 1).to(u_cache.dtype)", "U = torch.stack(Us, 1).to(q.dtype).to(u_cache.dtype)",
