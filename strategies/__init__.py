@@ -10,9 +10,12 @@ case_events() coverage labels for hypothesis.event()
 
 from ._cases import (  # noqa: F401
     BUCKETS,
+    CPU_BUCKETS,
     CPU_GEOMETRIES,
     GPU_GEOMETRIES,
+    LARGE_BUCKETS,
     NEEDS,
+    buckets_for,
     cache_bases,
     case_events,
     cases,
@@ -25,6 +28,6 @@ from ._cases import (  # noqa: F401
     switchable_hist_lens,
 )
 
-__all__ = ["BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "NEEDS", "cache_bases", "case_events", "cases",
+__all__ = ["BUCKETS", "CPU_BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "LARGE_BUCKETS", "NEEDS", "buckets_for", "cache_bases", "case_events", "cases",
            "flush_hist_lens", "flush_mins", "geometries_for", "hist_lens", "regimes", "rows_for",
            "switchable_hist_lens"]

@@ -39,6 +39,8 @@ CASES = {
     "fmin5": Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 8, 0),), flush_min=5, seed=2),
     "ring16": Case(arm="bf16-state16-ring16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4),
     "state16": Case(arm="bf16-state16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4),
+    "b64": Case(arm="bf16", T=4, H=1, HV=1, pool=40, seed=8,
+                rows=tuple(Row((7 * i) % 40, i % 17, (3 * i) % 32) for i in range(40)) + (Row(-1),) * 24),
     "eps": Case(arm="bf16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4,
                 regime=Regime(qk_scale=3e-5)),
 }
@@ -67,6 +69,7 @@ HAND = {
     "head_map_mod": ("gqa", "launch"),
     "beta_no_sigmoid": ("wrap", "launch"),
     "q_scale_missing": ("wrap", "launch"),
+    "tile32_no_offset": ("b64", "launch"),  # 40 real rows in a bucket of 64: rows 32.. read rows 0..'s slots
     "tiny_norm_as_zero": ("eps", "launch"),  # ||k||^2 ~ 1.2e-7: below the eps, where k_hat is not 0
     "commit_base_slides_verify": ("wrap", "commit"),  # row 1 verifies with P = 5
     "commit_pad_exempt": ("wrap", "commit"),  # the pad row gets P >= flush_min
@@ -134,12 +137,12 @@ def test_kill_rate_no_regression(name):
     does not depend on machine load).  The whole suite against the whole catalogue, with shrinking
     and time-to-kill, is `gdn-fuzz mutants --budget 120` (docs: issue notes)."""
     from gdn_fuzz.engine.campaign import Campaign
-    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.strategies import CPU_BUCKETS, CPU_GEOMETRIES
 
     m = CATALOGUE[name]
     prop = get_property(FAMILY[m.prop.split(".")[0]])
     c = Campaign(target=get_target(f"mutant:{name}"), device="cpu", properties=[prop], arms=ARM_NAMES,
-                 Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=(4, 8), seed=0, round_examples=60,
+                 Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=CPU_BUCKETS, seed=0, round_examples=60,
                  shrink=False, stop_on_finding=True)
     c.run(examples=60)
     assert c.findings, f"mutant {name} ({m.clause}) survived {c.stats.examples} examples of property {prop.name}"
@@ -259,3 +262,12 @@ def test_eps_scale_mutant_needs_the_eps_regime(qk_scale):
     for keys in ("random", "zero_norm"):
         case = dataclasses.replace(CASES["eps"], regime=Regime(qk_scale=qk_scale, keys=keys))
         assert get_property("launch").check(get_target("mutant:tiny_norm_as_zero"), case, "cpu") == []
+
+
+@pytest.mark.parametrize("bucket", [4, 8, 16, 32])
+def test_batch_scale_mutant_needs_the_large_buckets(bucket):
+    """tile32_no_offset (issue 18) only shows in batches of more than 32 rows: in every bucket the
+    strategies drew before the batch-scale regime (4, 8), and up to 32, it gives the reference's
+    results, so its kill in test_kill_rate_no_regression comes from the buckets >= 64."""
+    case = dataclasses.replace(CASES["b64"], rows=CASES["b64"].rows[:bucket], pool=40)
+    assert get_property("launch").check(get_target("mutant:tile32_no_offset"), case, "cpu") == []

@@ -19,7 +19,7 @@ from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.properties import REGISTRY, get_property
-from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES, buckets_for
 
 
 def resolve_draws(draws: str, device: str) -> str:
@@ -46,7 +46,7 @@ def validate_run_args(args) -> None:
         raise UsageError(str(e)) from None
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
-    for b in args.buckets:
+    for b in args.buckets or ():
         if b < 1 or b & (b - 1) or b > 1024:
             raise UsageError(f"--buckets {b}: batch buckets are powers of two in [1, 1024] (e.g. 4 8)")
     if args.arms:
@@ -95,7 +95,7 @@ def cmd_run(args) -> int:
         corpus.clean_stale_temps(corpus_dir)
     known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
     camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
-                    geometries=geoms, buckets=tuple(args.buckets), seed=args.seed,
+                    geometries=geoms, buckets=tuple(args.buckets or buckets_for(target)), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
                     record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
                     torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example)
@@ -219,7 +219,10 @@ def add_parser(sub) -> None:
     r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")
     r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
     r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
-    r.add_argument("--buckets", nargs="+", type=int, default=[4, 8], help="power-of-two batch sizes (pad rows fill them)")
+    r.add_argument("--buckets", nargs="+", type=int,
+                   help="power-of-two batch sizes (pad rows fill them); default 4 8 on a GPU target, 4 8 16 32 64 "
+                        "on a CPU target.  Buckets above 8 are the batch-scale regime, drawn one example in 4 "
+                        "(e.g. --buckets 4 8 16 32 64 128 256: each one more JIT compile per arm, T and geometry)")
     r.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     r.add_argument("--seconds", type=float, help="time budget (default 60 unless --examples is given)")
     r.add_argument("--examples", type=int, help="example budget")

@@ -112,7 +112,9 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
         argv += ["--target", args.target]
     if args.arms:
         argv += ["--arms", *args.arms]
-    argv += ["--T", *map(str, args.T), "--buckets", *map(str, args.buckets)]
+    argv += ["--T", *map(str, args.T)]
+    if args.buckets:  # None: each child takes its target's default (strategies.buckets_for)
+        argv += ["--buckets", *map(str, args.buckets)]
     if args.seconds is not None:
         argv += ["--seconds", str(args.seconds)]
     if args.examples is not None:

@@ -6,7 +6,7 @@ A mutant is the reference target with one small realistic bug (gdn_fuzz.targets.
 mutant, `run_mutants` runs
 
 (a) the suite: a gdn_fuzz Campaign of every property of gdn_fuzz.properties against `mutant:NAME`, on the CPU reference geometries,
-    all five dtype arms, T in {4, 8}, batch buckets {4, 8}, no corpus, in this process
+    all five dtype arms, T in {4, 8}, the target's batch buckets (strategies.buckets_for), no corpus, in this process
     (isolate=False), until the first finding or the per-mutant budget.  The mutant is
     *killed* when any property reports a finding; it records the time to the first failing
     example (detection), the time until Hypothesis has shrunk it (the campaign records it),
@@ -31,7 +31,7 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.targets import get_target
 from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
-from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
+from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES, buckets_for
 from gdn_fuzz.studies.baseline import run_baseline
 
 
@@ -79,7 +79,7 @@ def _baseline_isolated(name: str, arms, device: str = "cpu") -> dict:
 
 
 def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=None, *, device: str = "cpu",
-                arms=ARM_NAMES, Ts=(4, 8), buckets=(4, 8), shrink: bool = True, baseline: bool = True,
+                arms=ARM_NAMES, Ts=(4, 8), buckets=None, shrink: bool = True, baseline: bool = True,
                 round_examples: int = 25, on_result=None) -> list[dict]:
     """Per mutant: the suite's campaign (killed, time to kill, shrunk case size) and the baseline.
 
@@ -113,7 +113,7 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
         isolate = m.prop == "crash"
         camp = _timed_campaign(target=target, device=device, properties=props, arms=tuple(arms), Ts=tuple(Ts),
                                geometries=GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES,
-                               buckets=tuple(buckets), seed=seed, round_examples=round_examples, shrink=shrink,
+                               buckets=tuple(buckets or buckets_for(target)), seed=seed, round_examples=round_examples, shrink=shrink,
                                isolate=isolate, corpus_dir=None)
 
         # A kill is a finding that the unmodified base passes on the same case: a property that

@@ -230,6 +230,14 @@ register(
     Mutant("q_scale_missing", "M2", "oracle.y",
            "q_hat = (_l2n(q) * scale)", "q_hat = (_l2n(q))",
            "the 1/sqrt(K) scale is not applied to q_hat.  Exposed by any non-pad row."),
+    Mutant("tile32_no_offset", "M8", "oracle",
+           "    idx = idx.to(dev).long()\n",
+           "    idx = idx.to(dev).long()\n"
+           "    idx = idx[torch.arange(idx.numel(), device=dev) % 32]\n",
+           "a tiled grid that drops the tile offset: batch row b reads and writes the pool slot of row b mod 32, "
+           "so every row past the first 32 works on another row's checkpoint (and a pad row past 32 on a real "
+           "row's slot).  Batches of <= 32 rows are unchanged, so only the batch-scale regime (buckets >= 64, "
+           "issue 18) exposes it."),
     Mutant("tiny_norm_as_zero", "M2", "oracle",
            "    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + EPS)",
            "    n2 = (x * x).sum(-1, keepdim=True)\n"
