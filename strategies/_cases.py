@@ -31,13 +31,13 @@ from ..case import BETAS, DECAYS, HISTORIES, KEYS, RING_SLOTS, W_RING, Case, Reg
 CPU_GEOMETRIES = ((1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (4, 8))
 GPU_GEOMETRIES = ((1, 1), (1, 2), (16, 64))  # G = 1, 2, 4; (16, 64) is Qwen3-Next
 BUCKETS = (4, 8)
-# Buckets above SMALL_BUCKET are the batch-scale branch of cases(): drawn 1 time in SCALE_ODDS (4),
+# Buckets above SMALL_BUCKET are the batch-scale branch of cases(): drawn 1 time in SCALE_ODDS (8),
 # shrinking toward the small buckets (issue 18).  CPU targets draw them by default; on a GPU each
 # bucket is one more JIT compile per (arm, T, geometry) (D4), so large batches there are asked for
 # with `gdn-fuzz run --buckets 4 8 16 32 64 128 256` until the warm-up cost is measured.
 SMALL_BUCKET = 8
-SCALE_ODDS = 4
-CPU_BUCKETS = (4, 8, 16, 32, 64)
+SCALE_ODDS = 8
+CPU_BUCKETS = (4, 8, 16, 64)
 LARGE_BUCKETS = (16, 32, 64, 128, 256)
 
 

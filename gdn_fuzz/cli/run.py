@@ -220,8 +220,8 @@ def add_parser(sub) -> None:
     r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
     r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
     r.add_argument("--buckets", nargs="+", type=int,
-                   help="power-of-two batch sizes (pad rows fill them); default 4 8 on a GPU target, 4 8 16 32 64 "
-                        "on a CPU target.  Buckets above 8 are the batch-scale regime, drawn one example in 4 "
+                   help="power-of-two batch sizes (pad rows fill them); default 4 8 on a GPU target, 4 8 16 64 "
+                        "on a CPU target.  Buckets above 8 are the batch-scale regime, drawn one example in 8 "
                         "(e.g. --buckets 4 8 16 32 64 128 256: each one more JIT compile per arm, T and geometry)")
     r.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     r.add_argument("--seconds", type=float, help="time budget (default 60 unless --examples is given)")

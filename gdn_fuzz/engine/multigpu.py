@@ -86,8 +86,9 @@ def auto_processes(device: str, gpus: int = 1, cores: int | None = None) -> int:
     docs/benchmarks.md).  On CUDA min(8, max(1, cores_per_gpu // 2)), cores_per_gpu = the host's cores / the
     GPUs used: the campaign is bound by host CPU, not by the GPU, and each process is two (the campaign and
     its crash-isolation worker, which take turns).  Measured on an H200 host with 16 cores, same tree, launch
-    only, 30 s (docs/benchmarks.md, issue 17, third session): 1 process 1,762 checked launches, 4 processes
-    4,765, 8 processes 5,525.  So 2 cores per process, at most 8 per GPU (16 cores -> 8)."""
+    only, 30 s (docs/benchmarks.md, issue 17, third session): 1 process 1,565 checked launches, 4 processes
+    4,462, 8 processes 5,694 (an earlier run: 1,762, 4,765, 5,525).  So 2 cores per process, at most 8 per
+    GPU (16 cores -> 8)."""
     if not str(device).startswith("cuda"):
         return 1
     per_gpu = (cores or os.cpu_count() or 1) // max(1, gpus)
