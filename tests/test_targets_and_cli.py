@@ -109,6 +109,22 @@ def test_doctor_names_every_target(capsys):
         assert name in out
 
 
+def test_doctor_lists_the_kernels_around_the_fused_one(monkeypatch):
+    """Issue 18: doctor names the verify-only sibling and SGLang's Triton kernels, where they run and which
+    gdn_fuzz drives; the sibling's installed/not-installed line follows what importlib finds."""
+    import importlib.util
+
+    from gdn_fuzz.engine import doctor
+
+    out = "\n".join(doctor._siblings("cpu"))
+    assert "gated_delta_rule_mtp_ucache (verify-only sibling" in out and "driven by gdn_fuzz: no" in out
+    assert "commit_gdn_replayssm_spec: driven" in out
+    assert "commit_gdn_replayssm_circular, the fold-every-commit variant" in out and "not driven yet" in out
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == doctor.SIBLING else real(n, *a))
+    assert "not installed" in doctor._siblings("cpu")[0]
+
+
 def test_run_warm_up_is_outside_the_budget(tmp_path):
     """warm_up() launches exactly one case per (arm, T, geometry, bucket) before the clock, counts
     none of them as examples, and `gdn-fuzz run --warm-up` records its time and compiles apart."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import platform
 
 from gdn_fuzz.arms import ARM_NAMES
@@ -50,4 +51,37 @@ def report() -> str:
         lines.append(f"  launches on {device}: " + ("yes" if why is None else f"no: {why}"))
         if why is not None and name == "production" and arms_ok:
             lines.append("  host checks (H1-H14) still run here: tests/test_host_checks.py")
+    lines += _siblings(device)
     return "\n".join(lines)
+
+
+SIBLING = "flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache"  # the verify-only kernel, same release
+
+
+def _siblings(device: str) -> list[str]:
+    """The kernels around the fused one (issue 18): the verify-only sibling and SGLang's Triton ReplaySSM
+    files -- whether they are here, where they would run, and which of them gdn_fuzz drives today."""
+    from gdn_fuzz.targets.triton_baseline import resolve_sglang_files, triton_missing_reason
+
+    try:
+        found = importlib.util.find_spec(SIBLING) is not None
+    except (ImportError, ValueError):
+        found = False
+    out = [f"kernel {SIBLING}.gated_delta_rule_mtp_ucache (verify-only sibling: 16-slot ring, state read-only): "
+           + ("installed" if found else "not installed (flashinfer-python 0.7.2.post1 ships it)"),
+           "  launches on an SM90 GPU, like the production target; driven by gdn_fuzz: no (issue 18: the "
+           "differential target against the fused kernel's verify rows is not built)"]
+    try:
+        where, folder = resolve_sglang_files()
+        here = f"found ({where}: {folder or 'the installed sglang package'})"
+    except TargetUnavailable as e:
+        here = f"not found: {e}"
+    no_triton = triton_missing_reason()
+    runs = (f"no: {no_triton}" if no_triton else "on CUDA, or on the CPU in Triton's interpreter "
+            "(TRITON_INTERPRET=1 set before the process starts)")
+    out += [f"kernels of SGLang's Triton ReplaySSM baseline: {here}",
+            f"  runs {runs}; this machine's device: {device}",
+            "  gdn_replayssm_spec_decode, commit_gdn_replayssm_spec: driven (`gdn-fuzz triton`, docs/triton-baseline.md)",
+            "  commit_gdn_replayssm_circular, the fold-every-commit variant (gdn_replayssm_spec_fold.py): "
+            "not driven yet (issue 18)"]
+    return out
