@@ -103,7 +103,7 @@ def derive_timeout(budget_left_s: float | None, measured_s: float | None, floor_
 # The CUDA errors of a kernel that dereferenced an address it may not, as one outcome class: which of
 # them an out-of-bounds access raises depends on where the stray address falls, i.e. on the allocations
 # made before the launch, not on the case (seen on an H200: the same corpus entry raised 700, then 717
-# after materialize allocated differently; docs/h200-results.md, runs 24-27).
+# after materialize allocated differently; docs/h200-results.md, run 27).
 BAD_ADDRESS = ("illegal memory access",  # cudaErrorIllegalAddress (700)
                "operation not supported on global/shared address space")  # cudaErrorInvalidAddressSpace (717)
 
