@@ -7,6 +7,8 @@ import sys
 from rich.console import Console
 
 from gdn_fuzz.arms import ARM_NAMES, get_arm
+# exit codes of `gdn-fuzz run` (and replay), re-exported here: gdn_fuzz.engine.exits, documented in the README
+from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE  # noqa: F401
 from gdn_fuzz.targets import TargetUnavailable, default_target_name, get_target
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -49,13 +51,6 @@ def target_device_arms(args):
         return None
     return target, device, (parse_arms(args.arms) if args.arms else ARM_NAMES)
 
-
-# exit codes of `gdn-fuzz run` (and replay): documented in the README
-EXIT_OK = 0  # nothing new (known bugs may have shown: listed, not failing)
-EXIT_NEW = 1  # new findings
-EXIT_USAGE = 2  # usage or setup error: bad option, target missing or unloadable, no device
-EXIT_KNOWN_ONLY = 3  # only known findings, and --fail-on-known was given
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT: what was found is reported and stored first
 
 
 class UsageError(ValueError):

@@ -42,8 +42,8 @@ import threading
 import time
 from pathlib import Path
 from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 128 + signal.SIGTERM  # as gdn_fuzz.cli.common, and a shell's SIGTERM
 TERM_GRACE_S = 10.0  # after SIGTERM, seconds a child has before SIGKILL
 
 
@@ -282,7 +282,7 @@ def run_processes(args, corpus_dir: str | None, console, *, device: str, per_dev
             rec = json.loads(Path(jp).read_text())
         except (OSError, ValueError):
             rec = None
-        if rec is None or rc not in (0, 1, 3, EXIT_INTERRUPTED):
+        if rec is None or rc not in (EXIT_OK, EXIT_NEW, EXIT_KNOWN_ONLY, EXIT_INTERRUPTED):
             failed.append(label)
             tail = log.read_text()[-1500:] if log.is_file() else ""
             console.print(f"[red]worker {label} failed (exit {rc}); its log ends:[/red]\n{tail}", markup=True)
@@ -324,7 +324,7 @@ def run_processes(args, corpus_dir: str | None, console, *, device: str, per_dev
     if interrupted or any(w["exit"] == EXIT_INTERRUPTED for w in workers):
         return EXIT_INTERRUPTED
     if failed:
-        return 2
+        return EXIT_USAGE
     if tot["findings"]:
-        return 1
-    return 3 if any(w["exit"] == 3 for w in workers) else 0
+        return EXIT_NEW
+    return EXIT_KNOWN_ONLY if any(w["exit"] == EXIT_KNOWN_ONLY for w in workers) else EXIT_OK
