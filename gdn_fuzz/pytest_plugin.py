@@ -128,9 +128,9 @@ def pytest_configure(config):
     # restored at unconfigure, so an in-process child session (pytester) cannot leak its corpus
     config._gdn_saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
     if gdn_session(config):
-        # one campaign process per `gdn-fuzz run` a test starts (xdist already spreads the suite over
-        # the cores; `--processes auto` would start 4 per run on a 16-core GPU host: measured on the H200,
-        # the suite went from 224 s to over 500 s); a test or a user's environment may say otherwise
+        # one campaign process per `gdn-fuzz run` a test starts: xdist already spreads the suite over the
+        # cores, and `--processes auto` would start 8 per run on a 16-core GPU host (at 4 per run, measured
+        # on the H200, the suite went from 224 s to over 500 s); a test or a user's environment may say otherwise
         os.environ.setdefault("GDN_FUZZ_PROCESSES", "1")
     if config.getoption("--gdn-corpus"):
         os.environ["GDN_FUZZ_CORPUS"] = str(config.getoption("--gdn-corpus"))

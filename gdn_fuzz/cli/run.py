@@ -19,7 +19,7 @@ from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.properties import REGISTRY, get_property
-from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES, buckets_for
+from gdn_fuzz.strategies import buckets_for, geometries_for
 
 
 def resolve_draws(draws: str, device: str) -> str:
@@ -88,7 +88,7 @@ def cmd_run(args) -> int:
                       f"{str(e).splitlines()[0] if str(e) else ''}", markup=True)
         return EXIT_USAGE
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
-    geoms = GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES
+    geoms = geometries_for(target)
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     if corpus_dir is not None:

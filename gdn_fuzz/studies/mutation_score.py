@@ -31,7 +31,7 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.targets import get_target
 from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
-from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES, buckets_for
+from gdn_fuzz.strategies import buckets_for, geometries_for
 from gdn_fuzz.studies.baseline import run_baseline
 
 
@@ -112,7 +112,7 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
             continue
         isolate = m.prop == "crash"
         camp = _timed_campaign(target=target, device=device, properties=props, arms=tuple(arms), Ts=tuple(Ts),
-                               geometries=GPU_GEOMETRIES if target.needs_cuda else CPU_GEOMETRIES,
+                               geometries=geometries_for(target),
                                buckets=tuple(buckets or buckets_for(target)), seed=seed, round_examples=round_examples, shrink=shrink,
                                isolate=isolate, corpus_dir=None)
 
