@@ -241,3 +241,33 @@ def test_a_stopped_parent_stops_and_reaps_its_children(tmp_path, sig, rc):
             p.wait()
         for q in _children(p.pid):
             os.kill(q, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_a_child_dies_with_its_killed_parent(tmp_path):
+    """The children of `--processes` / `--gpus` are started with multigpu._pdeathsig() (isolation's
+    parent_death_signal, SIGTERM): when their parent is killed with SIGKILL, the kernel ends them too."""
+    code = ("import subprocess, sys, time\nfrom gdn_fuzz.engine import multigpu\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "preexec_fn=multigpu._pdeathsig())\nprint(c.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        os.kill(child, 0)  # alive while its parent is
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            if Path(f"/proc/{child}/stat").is_file() and Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+                return  # dead, a zombie until init reaps it
+            time.sleep(0.1)
+        raise AssertionError(f"child {child} outlived its SIGKILLed parent by 10 s")
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

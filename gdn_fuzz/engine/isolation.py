@@ -148,6 +148,27 @@ def _context():
     return _CTX
 
 
+def parent_death_signal(sig):
+    """On Linux, a function arm(parent_pid) -> bool that asks the kernel to send `sig` to the calling
+    process when its parent dies (prctl PR_SET_PDEATHSIG) and says whether `parent_pid` is still its
+    parent (False: the parent died before prctl took effect; the caller exits).  None elsewhere or when
+    libc has no prctl.  libc is looked up here, so arm() itself is safe in a forked child before exec
+    (a subprocess preexec_fn: gdn_fuzz.engine.multigpu)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm(parent_pid: int) -> bool:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        return os.getppid() == parent_pid
+    return arm
+
+
 def _die_with_parent(campaign_pid: int) -> None:
     """SIGKILL this worker when its parent (the forkserver, or the campaign under spawn) dies.
 
@@ -168,17 +189,9 @@ def _die_with_parent(campaign_pid: int) -> None:
         except OSError:
             pass
         forkserver._forkserver._forkserver_alive_fd = None
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ppid = os.getppid()
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != ppid:
-            os._exit(0)
+    arm = parent_death_signal(signal.SIGKILL)
+    if arm is not None and not arm(os.getppid()):
+        os._exit(0)
     try:
         os.kill(campaign_pid, 0)
     except ProcessLookupError:

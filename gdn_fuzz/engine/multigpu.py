@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from gdn_fuzz.engine.isolation import parent_death_signal
 
 TERM_GRACE_S = 10.0  # after SIGTERM, seconds a child has before SIGKILL
 
@@ -163,19 +164,13 @@ def run_on_gpus(args, corpus_dir: str | None, console) -> int:
 
 def _pdeathsig():
     """preexec_fn of a child on Linux: SIGTERM when the parent dies (kill -9 included), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
-    except (OSError, AttributeError):
+    arm = parent_death_signal(signal.SIGTERM)
+    if arm is None:
         return None
     parent = os.getpid()
 
     def preexec():
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl
+        if not arm(parent):  # the parent died before prctl
             os._exit(EXIT_TERMINATED)
     return preexec
 
