@@ -190,3 +190,33 @@ def test_worker_counts_compiles_of_every_arm_and_across_restarts(tmp_path):
         assert w.compiles == 5
     finally:
         w.close()
+
+
+def test_ctrl_c_outside_the_campaign_loop_is_an_interrupted_run(tmp_path, monkeypatch):
+    """A Ctrl-C that lands before Campaign.run installs its handler (start-up, the warm-up) ends
+    `gdn-fuzz run` as an interrupted campaign: exit 130, the JSON record written with interrupted=true,
+    the worker closed.  Before: a traceback, no record, and a `--processes` parent listed that child as
+    failed (seen in CI under load: test_multigpu.py::test_a_stopped_parent_stops_and_reaps_its_children)."""
+    from gdn_fuzz import cli
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+
+    closed = []
+    real_close = Campaign.close
+
+    def interrupted_warm_up(self):  # one isolated check (the worker starts), then Ctrl-C
+        self._check(get_property("launch"), Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 0, 0),), seed=1))
+        raise KeyboardInterrupt
+
+    def close(self):
+        closed.append(self._worker is not None)
+        real_close(self)
+
+    monkeypatch.setattr(Campaign, "warm_up", interrupted_warm_up)
+    monkeypatch.setattr(Campaign, "close", close)
+    jp = tmp_path / "run.json"
+    rc = cli.main(["run", "--target", "reference", "--device", "cpu", "--arms", "bf16", "--T", "4", "--warm-up",
+                   "--seconds", "30", "--no-corpus", "--json", str(jp)])
+    rec = json.loads(jp.read_text())
+    assert rc == 130 and rec["interrupted"] and rec["examples"] == 0
+    assert closed == [True]  # the isolated worker the warm-up started was closed

@@ -100,56 +100,64 @@ def cmd_run(args) -> int:
                     record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
                     torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
-    console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
-                  f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
-                  f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}"
-                  f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
-    with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
-        task = progress.add_task("", total=seconds or args.examples)
+    # A Ctrl-C outside Campaign.run (which turns one into a clean stop): at start-up, in the warm-up or
+    # between them.  It ends the run as an interrupted campaign (summary, record, exit 130), as one
+    # inside run() does; before, it escaped as a traceback with no record (a --processes parent then
+    # listed the child as failed: seen in CI under load, tests/test_multigpu.py).
+    try:
+        console.print(f"gdn-fuzz run: target={target} ({target.path}) device={device} arms={','.join(arms)} "
+                      f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
+                      f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}"
+                      f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
+        with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
+                      TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
+            task = progress.add_task("", total=seconds or args.examples)
 
-        def tick():
-            s = camp.stats
-            progress.update(task, completed=(s.elapsed if seconds else s.examples),
-                            description=f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
-                                        f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  "
-                                        f"{s.rate:.1f} ex/s")
+            def tick():
+                s = camp.stats
+                progress.update(task, completed=(s.elapsed if seconds else s.examples),
+                                description=f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
+                                            f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  "
+                                            f"{s.rate:.1f} ex/s")
 
-        def first(sig, prop, case, findings, t, n):
-            progress.console.print(f"[red]failure[/red] {sig}  (property {prop}, {t:.1f}s, after {n} examples; "
-                                   "shrinking)", markup=True, highlight=False)
+            def first(sig, prop, case, findings, t, n):
+                progress.console.print(f"[red]failure[/red] {sig}  (property {prop}, {t:.1f}s, after {n} examples; "
+                                       "shrinking)", markup=True, highlight=False)
 
-        def found(f):
-            progress.console.print(f"[red]finding[/red] {f.signature}", markup=True)
-            progress.console.print(f"  property {f.prop}; first failing example at {f.first_t:.1f}s after "
-                                   f"{f.first_examples} examples; "
-                                   + (f"shrunk in {f.shrink_s:.1f}s" if f.shrunk else
-                                      f"shrinking stopped after {f.shrink_s:.1f}s (budget or interrupt): best case so far")
-                                   + (" (flaky on replay)" if f.flaky else ""), markup=False)
-            # the launch as it ran (the property's own changes to the drawn case), and which
-            # neighbouring cursors pass when the failing row sits on a routing or ring edge
-            progress.console.print(explain(f.prop, f.case, f.findings, f.signature, target, device,
-                                           isolate=not args.no_isolate), markup=False)
-            for x in f.findings:
-                progress.console.print("  " + str(x), markup=False)
-            if f.entry_path is not None:
-                progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
-                                       markup=False)
-            elif f.entry_note:
-                progress.console.print(f"  corpus: {f.entry_note}", markup=False)
+            def found(f):
+                progress.console.print(f"[red]finding[/red] {f.signature}", markup=True)
+                progress.console.print(f"  property {f.prop}; first failing example at {f.first_t:.1f}s after "
+                                       f"{f.first_examples} examples; "
+                                       + (f"shrunk in {f.shrink_s:.1f}s" if f.shrunk else
+                                          f"shrinking stopped after {f.shrink_s:.1f}s (budget or interrupt): best case so far")
+                                       + (" (flaky on replay)" if f.flaky else ""), markup=False)
+                # the launch as it ran (the property's own changes to the drawn case), and which
+                # neighbouring cursors pass when the failing row sits on a routing or ring edge
+                progress.console.print(explain(f.prop, f.case, f.findings, f.signature, target, device,
+                                               isolate=not args.no_isolate), markup=False)
+                for x in f.findings:
+                    progress.console.print("  " + str(x), markup=False)
+                if f.entry_path is not None:
+                    progress.console.print(f"  corpus: {f.entry_path} ({'new entry' if f.entry_new else 'already in the corpus'})",
+                                           markup=False)
+                elif f.entry_note:
+                    progress.console.print(f"  corpus: {f.entry_note}", markup=False)
 
-        try:
-            if args.warm_up:
-                progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
-                camp.warm_up()
-                progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT "
-                                       "compiles (outside the budget)")
-            camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found, on_first=first)
-        except SetupError as e:  # the machine cannot run checks: not a finding
-            progress.stop()
-            console.print(f"[red]setup error:[/red] {e}", markup=True)
-            return EXIT_USAGE
-        tick()
+            try:
+                if args.warm_up:
+                    progress.update(task, description="warm-up: one launch per (arm, T, geometry, bucket)")
+                    camp.warm_up()
+                    progress.console.print(f"warm-up: {camp.stats.warmup_s:.1f}s, {camp.stats.warmup_compiles} JIT "
+                                           "compiles (outside the budget)")
+                camp.run(seconds=seconds, examples=args.examples, on_example=tick, on_finding=found, on_first=first)
+            except SetupError as e:  # the machine cannot run checks: not a finding
+                progress.stop()
+                console.print(f"[red]setup error:[/red] {e}", markup=True)
+                return EXIT_USAGE
+            tick()
+    except KeyboardInterrupt:
+        camp.interrupted = True
+        camp.close()
     s = camp.stats
     t = Table(title="gdn-fuzz summary")
     for col in ("target", "device", "examples", "structures", "launches", "rounds", "JIT compiles", "new findings",

@@ -487,10 +487,15 @@ class Campaign:
             restore()
             self._deadline = None
             self.stats.compiles = self._compiles() - compiles0
-            if self._worker is not None:
-                self._worker.close()
-            if self._records is not None:
-                self._records.flush()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the isolated worker (a later check starts a fresh one) and flush the record file.
+        run() does this when it ends; a caller whose warm_up() was interrupted does it itself."""
+        if self._worker is not None:
+            self._worker.close()
+        if self._records is not None:
+            self._records.flush()
 
     def _catch_sigint(self):
         """While run() runs: a first SIGINT only sets a flag, turned into KeyboardInterrupt at the
