@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 from dataclasses import dataclass, field
 
 import torch
@@ -42,8 +43,13 @@ def lazy_flush_min(T: int) -> int:
 # or a message from another process is checked against them before anything is allocated.
 LEGAL_T = (4, 8)  # the kernel's draft lengths (contract H13)
 MAX_ROWS = 1024  # batch rows B
-MAX_POOL = 65536  # pool slots
+MAX_POOL = 2**18  # pool slots (262,144: a pool past 2^31 elements at HV = 1 needs 131,073)
 MAX_CASE_BYTES = 16 * 2**30  # Case.draw_bytes(): the tensors materialize() draws, 16 GiB
+MAX_ALLOC_BYTES = 64 * 2**30  # Case.alloc_bytes(): the pool and rings allocated (fill="rows": mostly untouched)
+# Case.fill: "all" (the default): every pool and ring slot holds drawn values; "rows": only the slots
+# of the case's rows are drawn, every other slot of the pool and the rings is zero (the pool-scale
+# regime: pools of thousands of slots and past 2^31 elements, issue 18).
+FILLS = ("all", "rows")
 CURSOR_RANGE = (-64, 64)  # hist_len and flush_min: unguarded inputs are stored as given, within this
 INT32 = (-2**31, 2**31)  # cache_base and negative (pad) slots: an int32 [lo, hi)
 MAX_SCALE = 1e6  # regime qk_scale, v_scale, state_scale
@@ -149,6 +155,11 @@ class Case:
     # "device" (older entries): the bulk tensors from a generator on whatever device
     #   materialize() is given.
     draws: str = "cpu"
+    # How much of the pool and the rings holds drawn values (FILLS): "all", or "rows": only the slots
+    # of the case's rows (their checkpoint, their rings: window and garbage around it); every other
+    # slot is zero, allocated without being touched on the CPU (an untouched page costs no memory),
+    # so a pool past 2^31 elements costs only the rows' slots to draw.  Left out of to_dict() when "all".
+    fill: str = "all"
 
     @property
     def B(self) -> int:
@@ -172,6 +183,8 @@ class Case:
         d = dataclasses.asdict(self)
         if d["draws"] == "cpu":  # stored cases keep their exact JSON
             del d["draws"]
+        if d["fill"] == "all":
+            del d["fill"]
         return d
 
     def to_json(self) -> str:
@@ -211,12 +224,28 @@ class Case:
         """An estimate of the bytes materialize() draws for this case: its float32 bulk tensors
         (pool, rings, token inputs) and the float64 history of the windows.  Case.validate
         keeps it below MAX_CASE_BYTES."""
-        B, T, H, HV, K, V, NP = self.B, self.T, self.H, self.HV, self.K, self.V, self.pool
+        B, T, H, HV, K, V = self.B, self.T, self.H, self.HV, self.K, self.V
+        NP = self.pool if self.fill != "rows" else len(self.used_slots())
         pool = NP * HV * V * K
         rings = NP * RING_SLOTS * (H * K + HV * V + HV)
         tokens = B * T * (2 * H * K + HV * V + 2 * HV)
         history = B * W_RING * (H * K + HV * V + HV) * 2  # float64
         return 4 * (pool + rings + tokens + history)
+
+    def pool_elements(self) -> int:
+        """Elements of the state pool: pool * HV * V * K (past 2**31: int32 offsets overflow)."""
+        return self.pool * self.HV * self.V * self.K
+
+    def alloc_bytes(self) -> int:
+        """Bytes of the pool and rings in their launch dtypes (what a device must hold for one copy)."""
+        arm = self.arm_spec
+        size = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
+        ring = self.pool * RING_SLOTS * (self.H * self.K + self.HV * self.V)
+        return self.pool_elements() * size(arm.state) + ring * size(arm.ring) + self.pool * self.HV * RING_SLOTS * 4
+
+    def used_slots(self) -> list[int]:
+        """The pool slots the case's rows sit on, in row order (pad rows left out)."""
+        return [r.slot for r in self.rows if not r.pad]
 
     def validate(self) -> "Case":
         """Check every field against its documented bounds; ValueError (one line naming the
@@ -228,7 +257,8 @@ class Case:
 
           version == CASE_VERSION; draws in DRAWS; arm a legal dtype arm (gdn_fuzz.arms)
           T in LEGAL_T (4, 8); K == V == 128; H >= 1, HV >= 1, HV % H == 0
-          1 <= B (rows) <= MAX_ROWS; 1 <= pool <= MAX_POOL; draw_bytes() <= MAX_CASE_BYTES
+          1 <= B (rows) <= MAX_ROWS; 1 <= pool <= MAX_POOL; draw_bytes() <= MAX_CASE_BYTES;
+            alloc_bytes() <= MAX_ALLOC_BYTES; fill in FILLS
           rows: slot < pool (negative: a pad row), hist_len in CURSOR_RANGE, cache_base an
             int32 (the contract's unguarded inputs are legal to store, whatever they route to)
           flush_min None or in CURSOR_RANGE; seed in [0, 2**64); restart_hist_on_flush a bool
@@ -239,6 +269,8 @@ class Case:
             raise ValueError(f"case.version={self.version!r} is not supported; legal: {CASE_VERSION}")
         if self.draws not in DRAWS:
             raise ValueError(f"case.draws={self.draws!r} is illegal; legal: one of {', '.join(DRAWS)}")
+        if self.fill not in FILLS:
+            raise ValueError(f"case.fill={self.fill!r} is illegal; legal: one of {', '.join(FILLS)}")
         if not isinstance(self.arm, str) or self.arm not in ARM_NAMES:
             raise ValueError(f"case.arm={self.arm!r} is illegal; legal: one of {', '.join(ARM_NAMES)}")
         get_arm(self.arm)
@@ -282,6 +314,10 @@ class Case:
         if nbytes > MAX_CASE_BYTES:
             raise ValueError(f"case pool={self.pool}, HV={self.HV}, B={self.B} needs ~{nbytes / 2**30:.1f} GiB "
                              f"to materialize; legal: <= {MAX_CASE_BYTES / 2**30:g} GiB (MAX_CASE_BYTES)")
+        nbytes = self.alloc_bytes()
+        if nbytes > MAX_ALLOC_BYTES:
+            raise ValueError(f"case pool={self.pool}, HV={self.HV} allocates ~{nbytes / 2**30:.1f} GiB of pool and "
+                             f"rings; legal: <= {MAX_ALLOC_BYTES / 2**30:g} GiB (MAX_ALLOC_BYTES)")
         return self
 
     def describe(self) -> str:
@@ -294,7 +330,8 @@ class Case:
         lines = [f"Case(arm={self.arm}, T={self.T}, H={self.H}, HV={self.HV}, K={self.K}, V={self.V}, "
                  f"B={self.B}, pool={self.pool}, flush_min={fm}, "
                  f"restart_hist_on_flush={self.restart_hist_on_flush}, seed={self.seed}"
-                 + ("" if self.draws == "cpu" else f", draws={self.draws}") + ")",
+                 + ("" if self.draws == "cpu" else f", draws={self.draws}")
+                 + ("" if self.fill == "all" else f", fill={self.fill}: slots no row uses are zero") + ")",
                  f"  regime: {self.regime}"]
         for i, r in enumerate(self.rows):
             edges = row_edges(self, i)
@@ -422,6 +459,8 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     """
     if case.draws not in DRAWS:
         raise ValueError(f"case.draws={case.draws!r}; use one of {DRAWS}")
+    if case.fill == "rows":
+        return _materialize_rows(case, device, history_device)
     arm = case.arm_spec
     dev = torch.device(device)
     if case.draws == "cuda" and dev.type != "cuda":
@@ -463,6 +502,39 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
+
+
+def _materialize_rows(case: Case, device, history_device) -> dict:
+    """materialize() of a fill="rows" case: the case's rows renumbered onto a pool of just their
+    slots (a row's values are those of that small case: they depend on the seed and the row
+    order, not on the pool size), then scattered into a pool and rings of case.pool slots that
+    are zero everywhere else (lazy_zeros: on the CPU, memory no one writes is never allocated)."""
+    used = case.used_slots()
+    renum = {s: i for i, s in enumerate(used)}
+    small = dataclasses.replace(case, pool=max(len(used), 1), fill="all",
+                                rows=tuple(r if r.pad else dataclasses.replace(r, slot=renum[r.slot]) for r in case.rows))
+    inputs = materialize(small, device, history_device=history_device)
+    dev = torch.device(device)
+    at = torch.tensor(used, dtype=torch.long, device=dev)
+    for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
+        t = inputs[name]
+        big = lazy_zeros((case.pool, *t.shape[1:]), t.dtype, dev)
+        big[at] = t[:len(used)]
+        inputs[name] = big
+    inputs["initial_state_indices"] = torch.tensor([r.slot for r in case.rows], dtype=torch.int32).to(dev)
+    return inputs
+
+
+def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero tensor; on the CPU backed by a fresh anonymous mapping, which the OS fills with
+    zeros page by page on first touch, so pages no one writes cost no memory (a pool past 2^31
+    elements with a few rows on it).  Elsewhere torch.zeros."""
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=dev)
+    n = math.prod(shape)
+    buf = mmap.mmap(-1, max(n, 1) * torch.empty((), dtype=dtype).element_size())
+    return torch.frombuffer(buf, dtype=dtype, count=max(n, 1))[:n].view(shape)
 
 
 def _windows(rows, max_len: int | None = None):

@@ -21,7 +21,7 @@ from gdn_fuzz import fused_oracle
 from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
-from gdn_fuzz.observation import Observation, READ_ONLY, observe, same_bits
+from gdn_fuzz.observation import Observation, READ_ONLY, mapped_rows, observe, same_bits
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
 
@@ -271,13 +271,20 @@ def check_writes(obs: Observation) -> list[Finding]:
     cursors = ("hist_len", "cache_base") if not case.restart_hist_on_flush else ()
     read_only = [n for n in READ_ONLY if isinstance(b.get(n), torch.Tensor)]
     # every verdict reduced on the device, then one transfer: [changed outside] + [modified]
-    changed = [~same_bits(b[name], a[name]) & ~mask for name, mask, _ in masks]
+    # fill="rows" on the CPU: only the rows whose pages were ever mapped can differ (mapped_rows)
+    rows = [_mapped_either(b[name], a[name]) if obs.from_case and case.fill == "rows" else None
+            for name, _, _ in masks]
+    changed = [~same_bits(b[name], a[name]) & ~mask if r is None
+               else ~same_bits(b[name][r], a[name][r]) & ~mask[r.to(mask.device)]
+               for (name, mask, _), r in zip(masks, rows)]
     flags = torch.stack([c.any() for c in changed]
                         + [~same_bits(b[n], a[n]).all() for n in read_only + list(cursors)]).tolist()
     findings = []
-    for (name, _, clause), c, bad in zip(masks, changed, flags):
+    for (name, _, clause), c, r, bad in zip(masks, changed, rows, flags):
         if bad:
             where = c.nonzero()[0].tolist()
+            if r is not None:
+                where[0] = int(r[where[0]])
             findings.append(Finding(f"writes.outside.{name}", clause,
                                     f"{name}{where} changed but lies outside the launch's write set "
                                     f"({int(c.sum())} elements)", outcome=BITS_DIFFER))
@@ -291,6 +298,12 @@ def check_writes(obs: Observation) -> list[Finding]:
                                     f"{name} changed with restart_hist_on_flush=False (the kernel never writes cursors)",
                                     outcome=BITS_DIFFER))
     return findings
+
+
+def _mapped_either(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
+    """Indices of the dim-0 rows mapped in `b` or `a` (observation.mapped_rows), None where unknown."""
+    rb, ra = mapped_rows(b), mapped_rows(a)
+    return None if rb is None or ra is None else (rb | ra).nonzero().squeeze(1)
 
 
 def row_metrics(metrics: dict[str, Metric], summary: dict[str, MetricSummary] | None = None) -> dict:

@@ -4,8 +4,10 @@ target, keep the inputs before and after (Observation).  What the checks judge.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gdn_fuzz.case import Case, materialize
@@ -40,7 +42,9 @@ def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | N
     """Run one launch.  Exceptions raised by the target are kept in the Observation."""
     from_case = inputs is None
     inputs = materialize(case, device) if inputs is None else inputs
-    before = clone_inputs(inputs)
+    # fill="rows" (a pool past 2^31 elements, mostly untouched zeros): "before" is drawn again rather
+    # than cloned, which would write every page of the pool; materialize is a function of the case
+    before = materialize(case, device) if from_case and case.fill == "rows" else clone_inputs(inputs)
     kwargs = dict(inputs)
     if output is not None:
         kwargs["output"] = output
@@ -57,3 +61,30 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
     return x.contiguous().view(itype) == y.contiguous().view(itype)
 
+
+
+def mapped_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """[t.shape[0]] bool for a contiguous CPU tensor: True where a page holding part of that row has
+    been mapped in this process (present or swapped, /proc/self/pagemap bits 63 and 62); None where
+    pagemap cannot be read.  In private anonymous memory (case.lazy_zeros) a page never mapped has
+    never been written and reads as zero, so two such tensors can differ only in rows this marks."""
+    if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    start, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    first, last = start // page, (start + nbytes - 1) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            raw = f.read((last - first + 1) * 8)
+    except OSError:
+        return None
+    if len(raw) != (last - first + 1) * 8:
+        return None
+    pm = np.frombuffer(raw, dtype=np.uint64)
+    mapped = ((pm >> np.uint64(62)) & np.uint64(3)) != 0
+    seen = np.concatenate(([0], np.cumsum(mapped, dtype=np.int64)))
+    row_bytes = nbytes // t.shape[0]
+    lo = (start + np.arange(t.shape[0], dtype=np.int64) * row_bytes) // page - first
+    hi = (start + (np.arange(t.shape[0], dtype=np.int64) + 1) * row_bytes - 1) // page - first
+    return torch.from_numpy(seen[hi + 1] - seen[lo] > 0)

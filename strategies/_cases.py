@@ -41,6 +41,44 @@ CPU_BUCKETS = (4, 8, 16, 64)
 LARGE_BUCKETS = (16, 32, 64, 128, 256)
 
 
+# The pool-scale branch of cases(pool_scales=...) (issue 18): taken 1 time in SCALE_ODDS, shrinking to the
+# small pool.  A fill="rows" pool (only the rows' slots drawn, the rest zero: gdn_fuzz.case.Case.fill)
+# with the real rows on its highest slots, of one of two sizes:
+#   "thousands"  POOL_THOUSANDS slots (serving pools hold thousands of requests' states)
+#   "int32"      just past 2^31 elements: the top slot's element offset slot * HV * V * K is >= 2^31,
+#                where a 32-bit offset wraps (slot 2,048 for Qwen3-Next's HV = 64: > 4 GB of bf16 state)
+POOL_SCALES = ("thousands", "int32")
+POOL_THOUSANDS = (2048, 4096)
+INT32_ELEMENTS = 2**31
+
+
+def int32_slot(HV: int, V: int = 128, K: int = 128) -> int:
+    """The first pool slot whose element offset slot * HV * V * K does not fit an int32."""
+    return -(-INT32_ELEMENTS // (HV * V * K))
+
+
+def pool_scales_for(device, geometries, arms) -> tuple[tuple, str | None]:
+    """The pool-scale kinds a campaign on `device` draws (POOL_SCALES), and why one is left out (None:
+    none is).  On the CPU a fill="rows" pool costs only its rows' pages, so both kinds are drawn.  On a
+    CUDA device the "int32" pool (largest geometry and arm) must fit three times in the free memory
+    (the launch's copy, observe()'s "before" and the allocator's slack), else it is left out."""
+    import torch
+
+    from ..case import Case, Row
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return POOL_SCALES, None
+    need = max(Case(arm=a, T=4, H=H, HV=HV, pool=int32_slot(HV) + 3, rows=(Row(0),), seed=0).alloc_bytes()
+               for a in arms for H, HV in geometries)
+    free = torch.cuda.mem_get_info(dev)[0]
+    if 3 * need <= free:
+        return POOL_SCALES, None
+    return (tuple(k for k in POOL_SCALES if k != "int32"),
+            f"pool-scale 'int32' left out: a pool past 2^31 elements needs ~{3 * need / 2**30:.1f} GiB on {dev} "
+            f"(3 x {need / 2**30:.1f} GiB), {free / 2**30:.1f} GiB is free")
+
+
 def geometries_for(target) -> tuple:
     """The (H, HV) menu for a target: the short GPU list where launches JIT-compile (D4)."""
     return GPU_GEOMETRIES if getattr(target, "needs_cuda", False) else CPU_GEOMETRIES
@@ -144,12 +182,17 @@ def _needed_hist_lens(need: str, T: int, fmin: int):
 
 
 @st.composite
-def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None):
+def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None,
+             top: bool = False):
     """n_real rows on distinct, permuted pool slots, padded with pad rows to `bucket`.
 
     need: None, or what one real row must be: "switchable" (1 <= P <= 16 - T: some legal
-    flush_min switches its route) or "flush" (P >= flush_min).  The other rows are free."""
-    slots = draw(_perms(pool))[:n_real]
+    flush_min switches its route) or "flush" (P >= flush_min).  The other rows are free.
+    top: the rows sit on the n_real highest slots of the pool (the pool-scale branch)."""
+    if top:
+        slots = [pool - 1 - i for i in draw(_perms(n_real))]
+    else:
+        slots = draw(_perms(pool))[:n_real]
     real = []
     for i, s in enumerate(slots):
         P = draw(hist_lens(fmin) if need is None or i else _needed_hist_lens(need, T, fmin))
@@ -162,25 +205,52 @@ def rows_for(draw, *, T: int, fmin: int, bucket: int, pool: int, n_real: int, ne
 
 @st.composite
 def cases(draw, *, arms=ARM_NAMES, Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=BUCKETS,
-          restart=(False,), poison=None, max_extra_pool: int = 6, need: str | None = None):
+          restart=(False,), poison=None, max_extra_pool: int = 6, need: str | None = None,
+          pool_scales: tuple = ()):
     """One legal launch: every cursor in range, distinct slots, pad rows to a bucket size.
 
     need: None (default: every row free), "switchable" (at least one real row that some legal
-    flush_min routes the other way: routing) or "flush" (at least one flush row: the fold)."""
+    flush_min routes the other way: routing) or "flush" (at least one flush row: the fold).
+    pool_scales: the kinds of the pool-scale branch (POOL_SCALES) it may take; () never takes it.
+    Only properties that never copy the whole pool should ask for it (a fill="rows" pool past
+    2^31 elements costs its rows' slots, a copy of it costs every page)."""
     if need is not None and need not in NEEDS:
         raise ValueError(f"need={need!r} is unknown; use None or one of {', '.join(NEEDS)}")
+    bad = [k for k in pool_scales if k not in POOL_SCALES]
+    if bad:
+        raise ValueError(f"pool_scales={tuple(pool_scales)!r}: {bad[0]!r} is unknown; use kinds of {POOL_SCALES}")
     arm = draw(_sampled(tuple(arms)))
     T = draw(_sampled(tuple(Ts)))
     H, HV = draw(_sampled(tuple(geometries)))
     bucket = draw(_buckets(tuple(buckets)))
     n_real = draw(_ints(1, bucket))
-    pool = n_real + draw(_ints(0, max_extra_pool))
+    big = draw(_pool_scale(tuple(pool_scales), HV)) if pool_scales else None
+    if big is None:
+        pool, fill = n_real + draw(_ints(0, max_extra_pool)), "all"
+    else:
+        pool, fill = max(big, n_real), "rows"
     fm = draw(flush_mins(T))
     fmin = fm if fm is not None else lazy_flush_min(T)
-    rows = draw(_rows(T, fmin, bucket, pool, n_real, need))
+    rows = draw(_rows(T, fmin, bucket, pool, n_real, need, big is not None))
     return Case(arm=arm, T=T, H=H, HV=HV, pool=pool, rows=rows, flush_min=fm,
                 restart_hist_on_flush=draw(_sampled(tuple(restart))),
-                regime=draw(_regimes(poison)), seed=draw(_SEEDS))
+                regime=draw(_regimes(poison)), seed=draw(_SEEDS), fill=fill)
+
+
+@st.composite
+def _pool_scale_draw(draw, kinds: tuple, HV: int):
+    """None (the small pool), or 1 time in SCALE_ODDS the slots of a pool of one of `kinds`: one of
+    POOL_THOUSANDS, or int32_slot(HV) + 1 + [0, 2] (the top slot's offset at or just past 2^31)."""
+    if draw(_ints(0, SCALE_ODDS - 1)) != SCALE_ODDS - 1:
+        return None
+    if draw(_sampled(kinds)) == "thousands":
+        return draw(_sampled(POOL_THOUSANDS))
+    return int32_slot(HV) + 1 + draw(_ints(0, 2))
+
+
+@lru_cache(maxsize=None)
+def _pool_scale(kinds: tuple, HV: int):
+    return _pool_scale_draw(kinds, HV)
 
 
 _SEEDS = st.integers(0, 2**32 - 1)
@@ -206,8 +276,8 @@ def _buckets(buckets: tuple):
 
 
 @lru_cache(maxsize=None)
-def _rows(T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None):
-    return rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real, need=need)
+def _rows(T: int, fmin: int, bucket: int, pool: int, n_real: int, need: str | None = None, top: bool = False):
+    return rows_for(T=T, fmin=fmin, bucket=bucket, pool=pool, n_real=n_real, need=need, top=top)
 
 
 @lru_cache(maxsize=None)
@@ -231,4 +301,13 @@ def case_events(case: Case) -> list[str]:
     if case.pool > sum(not r.pad for r in case.rows):
         ev.append("pool > real rows")
     ev.append(f"bucket={case.B}")
+    ev.append(f"pool_scale={pool_scale_of(case)}")
     return sorted(set(ev))
+
+
+def pool_scale_of(case: Case) -> str:
+    """The pool-scale kind a case reached: "int32" (a row on a slot whose element offset is >= 2^31),
+    "thousands" (a pool of >= 1,024 slots), else "small"."""
+    if any(not r.pad and r.slot >= int32_slot(case.HV, case.V, case.K) for r in case.rows):
+        return "int32"
+    return "thousands" if case.pool >= 1024 else "small"

@@ -43,6 +43,9 @@ CASES = {
                 rows=tuple(Row((7 * i) % 40, i % 17, (3 * i) % 32) for i in range(40)) + (Row(-1),) * 24),
     "eps": Case(arm="bf16", T=4, H=1, HV=2, pool=2, rows=(Row(0, 13, 0), Row(1, 4, 9)), seed=4,
                 regime=Regime(qk_scale=3e-5)),
+    # a fill="rows" pool of 16,385 slots at HV = 8: row 0 sits on slot 16,384, offset 2^31 (tests/test_pool_scale.py)
+    "int32": Case(arm="bf16", T=4, H=4, HV=8, pool=16385, fill="rows", seed=3,
+                  rows=(Row(16384, 5, 3), Row(-1), Row(0, 16, 20), Row(-1))),
 }
 
 # mutant -> (case, property name or "metamorphic:<relation>")
@@ -71,6 +74,8 @@ HAND = {
     "q_scale_missing": ("wrap", "launch"),
     "tile32_no_offset": ("b64", "launch"),  # 40 real rows in a bucket of 64: rows 32.. read rows 0..'s slots
     "tiny_norm_as_zero": ("eps", "launch"),  # ||k||^2 ~ 1.2e-7: below the eps, where k_hat is not 0
+    "pool_offset_int32": ("int32", "launch"),  # the checkpoint of slot 16,384 read at a wrapped offset
+    "params_cast_cached_by_id": ("wrap", "params_inplace"),  # seed 7: dt_bias from an fp32 source
     "commit_base_slides_verify": ("wrap", "commit"),  # row 1 verifies with P = 5
     "commit_pad_exempt": ("wrap", "commit"),  # the pad row gets P >= flush_min
     "guard_T": ("wrap", "guards"),
@@ -137,13 +142,14 @@ def test_kill_rate_no_regression(name):
     does not depend on machine load).  The whole suite against the whole catalogue, with shrinking
     and time-to-kill, is `gdn-fuzz mutants --budget 120` (docs: issue notes)."""
     from gdn_fuzz.engine.campaign import Campaign
-    from gdn_fuzz.strategies import CPU_BUCKETS, CPU_GEOMETRIES
+    from gdn_fuzz.strategies import CPU_BUCKETS, CPU_GEOMETRIES, pool_scales_for
 
     m = CATALOGUE[name]
     prop = get_property(FAMILY[m.prop.split(".")[0]])
+    pool_scales, _ = pool_scales_for("cpu", CPU_GEOMETRIES, ARM_NAMES)  # what `gdn-fuzz run` draws on the CPU
     c = Campaign(target=get_target(f"mutant:{name}"), device="cpu", properties=[prop], arms=ARM_NAMES,
                  Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=CPU_BUCKETS, seed=0, round_examples=60,
-                 shrink=False, stop_on_finding=True)
+                 shrink=False, stop_on_finding=True, pool_scales=pool_scales)
     c.run(examples=60)
     assert c.findings, f"mutant {name} ({m.clause}) survived {c.stats.examples} examples of property {prop.name}"
 

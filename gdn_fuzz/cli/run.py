@@ -19,7 +19,7 @@ from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.properties import REGISTRY, get_property
-from gdn_fuzz.strategies import buckets_for, geometries_for
+from gdn_fuzz.strategies import POOL_SCALES, buckets_for, geometries_for, pool_scales_for
 
 
 def resolve_draws(draws: str, device: str) -> str:
@@ -89,6 +89,10 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     props = [get_property(p) for p in (args.property or list(REGISTRY))]
     geoms = geometries_for(target)
+    if args.pool_scales is None:
+        pool_scales, pool_note = pool_scales_for(device, geoms, arms)
+    else:
+        pool_scales, pool_note = tuple(k for k in args.pool_scales if k != "none"), None
 
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     if corpus_dir is not None:
@@ -98,7 +102,8 @@ def cmd_run(args) -> int:
                     geometries=geoms, buckets=tuple(args.buckets or buckets_for(target)), seed=args.seed,
                     round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
                     record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
-                    torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example)
+                    torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example,
+                    pool_scales=pool_scales)
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     # A Ctrl-C outside Campaign.run (which turns one into a clean stop): at start-up, in the warm-up or
     # between them.  It ends the run as an interrupted campaign (summary, record, exit 130), as one
@@ -109,6 +114,8 @@ def cmd_run(args) -> int:
                       f"T={args.T} properties={','.join(p.name for p in props)} seed={args.seed} "
                       f"budget={'%gs' % seconds if seconds else ''}{' %d examples' % args.examples if args.examples else ''}"
                       f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
+        if pool_note:
+            console.print(pool_note, markup=False)
         with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
                       TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task("", total=seconds or args.examples)
@@ -227,6 +234,11 @@ def add_parser(sub) -> None:
     r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")
     r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
     r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
+    r.add_argument("--pool-scales", nargs="+", choices=[*POOL_SCALES, "none"],
+                   help="kinds of the pool-scale regime the launch property draws one example in 8: pools of "
+                        "thousands of slots, and pools past 2^31 elements with a row on a slot whose element "
+                        "offset is >= 2^31 (int32); 'none' for neither.  Default: both, 'int32' left out (with "
+                        "the reason printed) on a GPU without the memory for three copies")
     r.add_argument("--buckets", nargs="+", type=int,
                    help="power-of-two batch sizes (pad rows fill them); default 4 8 on a GPU target, 4 8 16 64 "
                         "on a CPU target.  Buckets above 8 are the batch-scale regime, drawn one example in 8 "

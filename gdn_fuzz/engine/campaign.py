@@ -221,6 +221,7 @@ class Campaign:
     launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
     torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
     seeds_per_example: int = 1  # K: value seeds checked per drawn structure (value_seed; 1: the drawn seed only)
+    pool_scales: tuple = ()  # pool-scale kinds for properties that take them (strategies.pool_scales_for)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -318,7 +319,8 @@ class Campaign:
         return known, new
 
     def _round(self, prop: Property, round_seed: int, on_example, on_first, n: int | None = None) -> list[CampaignFinding]:
-        strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets)
+        kw = dict(pool_scales=self.pool_scales) if prop.pool_scale and self.pool_scales else {}
+        strat = prop.strategy(arms=self.arms, Ts=self.Ts, geometries=self.geometries, buckets=self.buckets, **kw)
         if self.draws != "cpu":
             strat = strat.map(lambda c: dataclasses.replace(c, draws=self.draws))
         phases = (Phase.generate, Phase.target, Phase.shrink) if self.shrink else (Phase.generate,)

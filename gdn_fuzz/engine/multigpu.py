@@ -102,7 +102,7 @@ def auto_processes(device: str, gpus: int = 1, cores: int | None = None) -> int:
 HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
                                  "fail_on_known", "launch_timeout", "torch_threads", "draws", "gpus", "processes",
-                                 "seeds_per_example"})
+                                 "seeds_per_example", "pool_scales"})
 
 
 def child_argv(args, worker: int, json_path: str, record_path: str | None, corpus_dir: str | None) -> list[str]:
@@ -117,6 +117,8 @@ def child_argv(args, worker: int, json_path: str, record_path: str | None, corpu
     argv += ["--T", *map(str, args.T)]
     if args.buckets:  # None: each child takes its target's default (strategies.buckets_for)
         argv += ["--buckets", *map(str, args.buckets)]
+    if args.pool_scales:  # None: each child takes its device's default (strategies.pool_scales_for)
+        argv += ["--pool-scales", *args.pool_scales]
     if args.seconds is not None:
         argv += ["--seconds", str(args.seconds)]
     if args.examples is not None:

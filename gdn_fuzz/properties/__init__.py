@@ -25,6 +25,7 @@ LAUNCH = Property(
     clauses="M1-M8",
     doc="outputs, appended k/u/g and the fold vs the float64 oracle; nothing outside the write set changes",
     check=checks.check_launch,
+    pool_scale=True,  # observe() draws a fill="rows" case's "before" anew instead of copying the pool
 )
 
 REGISTRY: dict[str, Property] = {p.name: p for p in (LAUNCH, *relations.PROPERTIES, *contract.PROPERTIES)}

@@ -49,7 +49,11 @@ class Property:
     (gdn_fuzz.engine.campaign.value_seed).  That is sound when the check is a pure function of
     (structure, seed) and useful when its verdict depends on the values the seed draws.  False:
     one seed per structure whatever K is (a check that is not a pure function of the case, or
-    whose verdict cannot depend on the drawn values)."""
+    whose verdict cannot depend on the drawn values).
+
+    pool_scale: the campaign passes its pool-scale kinds (strategies.pool_scales_for) to the strategy
+    as pool_scales=: pools of thousands of slots and past 2^31 elements (fill="rows").  Only for a
+    check that never copies the whole pool (clone_inputs of such a case writes every page)."""
 
     name: str
     clauses: str
@@ -57,3 +61,4 @@ class Property:
     check: Callable[[Target, Case, str], list]
     strategy: Callable[..., object] = field(default=launch_cases)
     reseed: bool = True
+    pool_scale: bool = False  # the strategy takes pool_scales= (a check that never copies the whole pool)

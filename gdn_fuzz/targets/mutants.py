@@ -246,6 +246,17 @@ register(
            "are normalized to zero, where the contract's x (||x||^2 + 1e-6)^{-1/2} is not (at ||x||^2 = 5e-7 "
            "it has norm 0.58).  Exact zeros and ||x||^2 >= 1e-6 are unchanged, so only the eps-scale "
            "regime (qk_scale <= 3e-5, issue 18) exposes it."),
+    Mutant("pool_offset_int32", "M3", "oracle",
+           "    S0 = h0[rows].float()  # [B, HV, V, K]\n",
+           "    off = rows[:, None] * h0[0].numel() + torch.arange(h0[0].numel(), device=dev)  # flat offsets\n"
+           "    off = (off + 2**31) % 2**32 - 2**31  # held in an int32: two's-complement wrap\n"
+           "    S0 = h0.reshape(-1)[off % h0.numel()].view(B, HV, V, K).float()  # [B, HV, V, K]\n",
+           "the checkpoint read with 32-bit element offsets (slot * HV * V * K + e held in an int32, emulated "
+           "with an explicit two's-complement wrap): from pool slot 2^31 / (HV * V * K) on (slot 16,384 at "
+           "HV = 8; 2,048 for Qwen3-Next's HV = 64) the offset wraps negative and the row replays another "
+           "slot's checkpoint (here the wrapped offset modulo the pool; a GPU would read outside the "
+           "allocation).  Pools below 2^31 elements are unchanged, so only the pool-scale regime (rows "
+           "on the top slots of a pool past 2^31 elements, issue 18) exposes it."),
     # ---- precision of stored records (N3)
     Mutant("u_stored_io", "N3", "study:precision.u",
            "U = torch.stack(Us, 1).to(u_cache.dtype)", "U = torch.stack(Us, 1).to(q.dtype).to(u_cache.dtype)",

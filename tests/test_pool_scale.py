@@ -1,0 +1,142 @@
+"""The pool-scale regime (issue 18): pools of thousands of slots and past 2^31 elements.
+
+A fill="rows" case draws only its rows' slots; the rest of the pool and rings is zero and, on the
+CPU, never allocated (case.lazy_zeros).  These tests check what that rests on: the rows' values are
+those of the same rows on a small pool, the other slots are zero, observe() re-draws "before" instead
+of copying the pool, and check_writes still sees a write to a slot no row uses (it compares only rows
+whose pages were mapped: observation.mapped_rows).  Then the planted bug: pool_offset_int32 reads the
+checkpoint with 32-bit element offsets, which only a row on a slot past 2^31 / (HV V K) exposes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+
+from gdn_fuzz.case import Case, Row, materialize, lazy_zeros
+from gdn_fuzz.checks import check_launch, check_writes
+from gdn_fuzz.engine.campaign import Campaign
+from gdn_fuzz.observation import Observation, mapped_rows
+from gdn_fuzz.properties import get_property
+from gdn_fuzz.strategies import CPU_GEOMETRIES, POOL_SCALES, cases, int32_slot, pool_scale_of
+from gdn_fuzz.targets import get_target
+
+# H = 4, HV = 8: a slot holds 8 * 128 * 128 = 131,072 elements, so slot 16,384 is the first whose
+# element offset (2^31) does not fit an int32.  A pool of 16,385 bf16 slots is 4 GiB (+1.5 GiB rings).
+TOP = int32_slot(8)
+INT32 = Case(arm="bf16", T=4, H=4, HV=8, pool=TOP + 1, fill="rows", seed=3,
+             rows=(Row(TOP, 5, 3), Row(-1), Row(0, 16, 20), Row(-1)))
+
+
+def _small(case: Case) -> Case:
+    """The same rows on a pool of just their slots, in row order (what fill="rows" draws from)."""
+    used = case.used_slots()
+    rows = tuple(r if r.pad else dataclasses.replace(r, slot=used.index(r.slot)) for r in case.rows)
+    return dataclasses.replace(case, pool=len(used), rows=rows, fill="all")
+
+
+def test_int32_slot_is_the_first_offset_past_2_31():
+    assert TOP == 16384 and int32_slot(64) == 2048 and int32_slot(1) == 131072
+    assert TOP * 8 * 128 * 128 == 2**31 and (TOP - 1) * 8 * 128 * 128 < 2**31
+
+
+def test_fill_rows_draws_the_rows_of_the_small_case_and_zeros_elsewhere():
+    big, small = materialize(INT32, "cpu"), materialize(_small(INT32), "cpu")
+    for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
+        for i, slot in enumerate(INT32.used_slots()):
+            assert torch.equal(big[name][slot].float(), small[name][i].float()), (name, slot)
+        for slot in (1, 7, TOP - 1):  # slots no row uses
+            assert not big[name][slot].float().any(), (name, slot)
+    for name in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "hist_len", "cache_base"):
+        assert torch.equal(big[name], small[name]), name
+    assert big["initial_state_indices"].tolist() == [TOP, -1, 0, -1]
+    assert big["initial_state_source"].shape[0] == TOP + 1
+
+
+def test_fill_is_stored_only_when_not_the_default():
+    assert "fill" not in dataclasses.replace(INT32, fill="all").to_dict()
+    assert Case.from_dict(INT32.to_dict()) == INT32
+    with pytest.raises(ValueError, match=r"case.fill='sparse' is illegal; legal: one of all, rows"):
+        dataclasses.replace(INT32, fill="sparse").validate()
+    assert "fill=rows" in INT32.describe()
+
+
+def test_alloc_bytes_bound_names_the_case():
+    huge = dataclasses.replace(INT32, H=16, HV=64, pool=2**18 - 1, rows=(Row(0),))
+    with pytest.raises(ValueError, match=r"allocates ~.* GiB of pool and rings; legal: <= 64 GiB"):
+        huge.validate()
+
+
+def test_mapped_rows_sees_written_and_read_rows_only():
+    t = lazy_zeros((4096, 64, 128), torch.bfloat16, "cpu")  # 16 KiB rows: 4 pages each
+    t[17] = 1.0
+    _ = t[3000].sum()  # a read maps a page too
+    rows = mapped_rows(t)
+    if rows is None:
+        pytest.skip("/proc/self/pagemap is not readable here")
+    assert rows.nonzero().squeeze(1).tolist() == [17, 3000]
+
+
+def test_check_writes_sees_a_write_to_a_slot_no_row_uses():
+    """A fill="rows" pool is compared only where pages were mapped: a stray write maps its page."""
+    before, after = materialize(INT32, "cpu"), materialize(INT32, "cpu")
+    obs = Observation(case=INT32, before=before, after=after, output=None, from_case=True)
+    assert check_writes(obs) == []
+    after["initial_state_source"][9000, 3, 5, 7] = 1.0
+    after["u_cache"][TOP - 1, 2, 30, 1] = -2.0
+    found = {f.prop: f.message for f in check_writes(obs)}
+    assert set(found) == {"writes.outside.initial_state_source", "writes.outside.u_cache"}
+    assert "initial_state_source[9000, 3, 5, 7]" in found["writes.outside.initial_state_source"]
+    assert f"u_cache[{TOP - 1}, 2, 30, 1]" in found["writes.outside.u_cache"]
+
+
+def test_reference_passes_the_int32_pool():
+    assert check_launch(get_target("reference"), INT32, "cpu") == []
+
+
+def test_pool_offset_mutant_is_found_past_2_31_elements():
+    found = check_launch(get_target("mutant:pool_offset_int32"), INT32, "cpu")
+    assert any(f.prop.startswith("oracle.y") for f in found), [str(f) for f in found]
+
+
+@pytest.mark.parametrize("pool, top", [(4096, 4095), (TOP + 1, TOP - 1)])
+def test_pool_offset_mutant_needs_a_slot_past_2_31_elements(pool, top):
+    """pool_offset_int32 gives the reference's results on a pool of thousands of slots and on the
+    2^31-element pool when no row sits on a slot at or past int32_slot: its kill comes from the
+    rows on the top slots of the "int32" pools."""
+    case = dataclasses.replace(INT32, pool=pool, rows=(Row(top, 5, 3), Row(-1), Row(0, 16, 20), Row(-1)))
+    assert check_launch(get_target("mutant:pool_offset_int32"), case, "cpu") == []
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(cases(geometries=CPU_GEOMETRIES, buckets=(4, 8), pool_scales=POOL_SCALES))
+def test_pool_scale_branch_puts_the_rows_on_the_top_slots(case):
+    kind = pool_scale_of(case)
+    if case.fill == "all":
+        assert kind == "small" and case.pool <= 8 + 6
+        return
+    used = case.used_slots()
+    assert sorted(used) == list(range(case.pool - len(used), case.pool))  # the highest slots
+    assert kind in POOL_SCALES
+    if kind == "int32":
+        assert case.pool - 1 >= int32_slot(case.HV) and case.pool_elements() > 2**31
+    case.validate()
+
+
+def test_cases_name_an_unknown_pool_scale():
+    with pytest.raises(ValueError, match="pool_scales=.*'huge' is unknown"):
+        find(cases(pool_scales=("huge",)), lambda c: True)
+
+
+def test_campaign_finds_the_planted_int32_offset_bug():
+    """The reference-target suite finds pool_offset_int32 on the CPU: a campaign of the launch property
+    with the pool-scale kinds cmd_run gives a CPU device (strategies.pool_scales_for), 60 examples."""
+    c = Campaign(target=get_target("mutant:pool_offset_int32"), device="cpu", properties=[get_property("launch")],
+                 arms=("bf16",), Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=(4, 8), seed=0,
+                 round_examples=60, shrink=False, stop_on_finding=True, pool_scales=POOL_SCALES)
+    c.run(examples=60)
+    assert any(sig.startswith("oracle.") for sig in c.findings), list(c.findings)
