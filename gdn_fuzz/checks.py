@@ -314,6 +314,16 @@ def row_metrics(metrics: dict[str, Metric], summary: dict[str, MetricSummary] | 
 
 def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
     """The minimal per-launch property: oracle agreement plus the write set."""
+    try:
+        return _check_launch(target, case, device)
+    finally:
+        if case.fill == "rows" and torch.device(device).type == "cuda":
+            # a pool past 2^31 elements and its "before": ~10 GiB the caching allocator would keep
+            # reserved, on a GPU that several campaign processes share (--processes)
+            torch.cuda.empty_cache()
+
+
+def _check_launch(target: Target, case: Case, device: str) -> Findings:
     obs = observe(target, case, device)
     if obs.error is not None:
         return attach(Findings(check_oracle(obs)), launch_record(case))

@@ -140,3 +140,25 @@ def test_campaign_finds_the_planted_int32_offset_bug():
                  round_examples=60, shrink=False, stop_on_finding=True, pool_scales=POOL_SCALES)
     c.run(examples=60)
     assert any(sig.startswith("oracle.") for sig in c.findings), list(c.findings)
+
+
+# Qwen3-Next (H = 16, HV = 64): a slot holds 2^20 elements, so slot 2,048 is the first past 2^31.  Pool of
+# 2,050 slots: 4.3 GB of bf16 state + 1.3 GB of rings.  Row 0 flushes on slot 2,049 with a window that
+# wraps; row 2 verifies on slot 2,048 (offset exactly 2^31); row 3 flushes a full window on slot 0.
+QWEN3_NEXT = Case(arm="bf16", T=4, H=16, HV=64, pool=int32_slot(64) + 2, fill="rows", seed=11,
+                  rows=(Row(2049, 13, 25), Row(-1), Row(2048, 5, 3), Row(0, 16, 20)))
+
+
+def test_qwen3_next_pool_past_2_31_elements(target_under_test, gdn_verdict):
+    """The launch property on a pool past 2^31 elements in the Qwen3-Next geometry, every selected arm:
+    the production kernel on a GPU (issue 18), the reference on the CPU.  The contract puts no bound
+    on the pool size (D4: the pool is a dynamic dimension)."""
+    target, arms, device = target_under_test
+    for arm in arms:
+        case = dataclasses.replace(QWEN3_NEXT, arm=arm)
+        if torch.device(device).type == "cuda":
+            free, need = torch.cuda.mem_get_info(torch.device(device))[0], 3 * case.alloc_bytes()
+            if need > free:
+                pytest.skip(f"a pool past 2^31 elements needs ~{need / 2**30:.1f} GiB on {device}; "
+                            f"{free / 2**30:.1f} GiB is free")
+        gdn_verdict("launch", case, check_launch(target, case, device), target.name)
