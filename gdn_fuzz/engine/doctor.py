@@ -69,8 +69,10 @@ def _siblings(device: str) -> list[str]:
         found = False
     out = [f"kernel {SIBLING}.gated_delta_rule_mtp_ucache (verify-only sibling: 16-slot ring, state read-only): "
            + ("installed" if found else "not installed (flashinfer-python 0.7.2.post1 ships it)"),
-           "  launches on an SM90 GPU, like the production target; driven by gdn_fuzz: no (issue 18: the "
-           "differential target against the fused kernel's verify rows is not built)"]
+           "  launches on an SM90 GPU, like the production target; driven by gdn_fuzz: yes, by "
+           "tests/test_verify_sibling.py (gdn_fuzz.properties.sibling: its launch vs a float64 oracle of its "
+           "16-slot ring, and bitwise vs the fused kernel's verify rows at cache_base 0; GPU only, not a "
+           "`gdn-fuzz run` property)"]
     try:
         where, folder = resolve_sglang_files()
         here = f"found ({where}: {folder or 'the installed sglang package'})"
