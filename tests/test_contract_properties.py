@@ -7,9 +7,11 @@ each must hold.  A failure is recorded to the corpus like any other; a known bug
 
 What each test compares
 -----------------------
-commit, extremes   the selected target (reference on the CPU, production on a GPU with
-                   --gdn-target production) against the contract: the standalone commit
-                   oracle (C2) and the float64 oracle (N2).
+commit, extremes,  the selected target (reference on the CPU, production on a GPU with
+params_inplace     --gdn-target production) against the contract: the standalone commit
+                   oracle (C2) and the float64 oracle (N2; N5 with the reloaded weights).
+                   test_params_inplace_finds_the_id_cached_cast shows params_inplace kills the
+                   catalogued mutant that plants the released wrapper's id()-keyed cast cache.
 guards             the guards property compares a target's exception type for each illegal
                    call with the exception type the *reference target* raises for the same
                    call.  Run on the reference itself (the CI default) that compares the
@@ -54,11 +56,13 @@ def _draw(data, prop, target, arms):
     return case
 
 
-@pytest.mark.parametrize("prop", ["commit", "extremes"])
+@pytest.mark.parametrize("prop", ["commit", "extremes", "params_inplace"])
 @FIXTURE_OK
 @given(data=st.data())
 def test_contract_property_holds(target_under_test, gdn_verdict, prop, data):
-    """commit (C2) and extremes (N2): the selected target against the contract's oracles."""
+    """commit (C2), extremes (N2) and params_inplace (N5): the selected target against the contract's
+    oracles.  params_inplace is expected to fail on the released kernel (its id()-keyed cast cache,
+    N5) until the bug is fixed or recorded as an open corpus entry (then this is an xfail)."""
     target, arms, device = target_under_test
     case = _draw(data, prop, target, arms)
     gdn_verdict(prop, case, get_property(prop).check(target, case, device), target.name)
@@ -119,3 +123,39 @@ def test_guards_find_a_guard_bug_planted_in_the_independent_target(tmp_path):
     planted.write_text(src.replace(old, new))
     found = check_guards(get_target(str(planted)), GUARD_CASE, "cpu")
     assert [f.prop for f in found] == ["guard.H13.T"], [str(f) for f in found]
+
+
+PARAMS_CASE = Case(arm="bf16", T=4, H=1, HV=2, pool=4,
+                   rows=(Row(2, 13, 25), Row(0, 5, 20), Row(-1), Row(1, 0, 31)), seed=0)
+
+
+def test_params_inplace_finds_the_id_cached_cast():
+    """params_inplace (N5) on the mutant with the released wrapper's id()-keyed cast cache: every source
+    kind of A_log and of dt_bias that reaches the cache (fp32, fp32 strided, IO strided), beside a
+    contiguous IO other, gives the one signature params_inplace.oracle [N5] and the message names the
+    stale parameter; contiguous IO sources for both (used directly, no cache) pass on the mutant too.
+    The unmutated reference passes every seed."""
+    import dataclasses
+
+    from gdn_fuzz.properties.contract import PARAM_SOURCES, params_plan
+
+    want = {("io", "io")} | {(k, "io") for k in PARAM_SOURCES} | {("io", k) for k in PARAM_SOURCES}
+    seeds = {}
+    for seed in range(200):
+        plan = params_plan(dataclasses.replace(PARAMS_CASE, seed=seed))
+        seeds.setdefault((plan["A_log"], plan["dt_bias"]), seed)
+    assert want <= set(seeds), sorted(want - set(seeds))
+    check = get_property("params_inplace").check
+    mutant, ref = get_target("mutant:params_cast_cached_by_id"), get_target("reference")
+    for kinds in sorted(want):
+        case = dataclasses.replace(PARAMS_CASE, seed=seeds[kinds])
+        assert check(ref, case, "cpu") == [], kinds
+        found = check(mutant, case, "cpu")
+        if kinds == ("io", "io"):
+            assert found == [], [str(f) for f in found]
+            continue
+        assert [f.signature() for f in found] == ["params_inplace.oracle [N5] out of tolerance"], (
+            kinds, [str(f) for f in found])
+        stale = "A_log old" if kinds[0] != "io" else "dt_bias old"
+        assert stale in found[0].message and "fresh source objects holding the same new values pass" in (
+            found[0].message), found[0].message

@@ -132,7 +132,7 @@ def test_mutant_is_not_equivalent(name):
 
 FAMILY = {"oracle": "launch", "writes": "launch", "launch": "launch", "routing": "routing",
           "determinism": "determinism", "output_inplace": "output_inplace", "metamorphic": "metamorphic",
-          "guard": "guards", "commit": "commit", "extremes": "extremes"}
+          "guard": "guards", "commit": "commit", "extremes": "extremes", "params_inplace": "params_inplace"}
 
 
 @pytest.mark.parametrize("name", [n for n in REFERENCE_MUTANTS if n not in CRASHING])

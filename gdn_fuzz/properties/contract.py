@@ -1,4 +1,5 @@
-"""Contract properties beyond one oracle comparison: illegal calls, the in-place commit, extreme gates.
+"""Contract properties beyond one oracle comparison: illegal calls, the in-place commit, extreme gates,
+weights reloaded in place.
 
 The properties (PROPERTIES below; gdn_fuzz.properties lists them)
 -----------------------------------------------------------------
@@ -15,6 +16,12 @@ commit      C2: with restart_hist_on_flush=True (pad rows given in-range cursors
 extremes    N2 as containment: a gate logit a + dt_bias ~ 120 on v-head 0; that head (y, u, g, fold)
             may match the float64 oracle or show the documented non-finite outcome, everything else
             must match the oracle and the write set.  Finding prop "extremes.oracle.<output>" / "extremes.writes.*".
+params_inplace  N5: A_log and dt_bias given as fp32 or IO-dtype, contiguous or strided sources
+            (drawn from the seed), launched once, reloaded IN PLACE with new values, launched again
+            on fresh inputs: the second launch must match the float64 oracle of the new values (the
+            released wrapper's id()-keyed cast cache serves the stale cast there, so this fails on
+            it for every source that is not a contiguous IO tensor).  Finding prop
+            "params_inplace.oracle" [N5] (one per launch, whatever outputs, rows or sources show it).
 
 Not a property any more: the rounding-point ("precision") check.  It counted fp16 values whose
 low 3 mantissa bits are zero and failed above 3/4.  No single element can show a violation of
@@ -31,10 +38,10 @@ import random
 
 import torch
 
-from gdn_fuzz.properties.base import Property, not_exercised
+from gdn_fuzz.properties.base import Property, not_exercised, note
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import check_oracle, check_writes, expectation, oracle_metrics
-from gdn_fuzz.findings import BITS_DIFFER, Finding, WRONG_VALUE, launch_record, raised
+from gdn_fuzz.findings import BITS_DIFFER, Finding, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, launch_record, raised
 from gdn_fuzz.observation import clone_inputs, observe, same_bits
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.targets import Target, get_target
@@ -276,6 +283,135 @@ def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
     return out
 
 
+# ------------------------------------------------------------------ params_inplace (N5)
+
+# Where A_log and dt_bias live between the two launches (the cast cache of N5 keys on the source):
+# the dtype (fp32: always cast; io: the arm's IO dtype) and the layout (a contiguous tensor, or a
+# stride-2 view of a buffer twice as long whose other half holds NaN: a kernel that read it
+# densely would show NaN).  Drawn independently for A_log and for dt_bias from the case's seed.
+PARAM_SOURCES = ("fp32", "fp32_strided", "io", "io_strided")
+PARAM_SHIFT = (0.1, 0.6)  # |new - old| of A_log and of dt_bias, per head, before IO rounding
+
+
+def params_plan(case: Case) -> dict:
+    """What check_params_inplace does to the case, drawn from its seed (a pure function of it):
+    the source kind of A_log and of dt_bias (PARAM_SOURCES) and, per v-head, the signed shifts of
+    the reload (|shift| in PARAM_SHIFT, so every head's new value differs from its old one by
+    many IO ulps: the reload always changes g)."""
+    rng = random.Random(f"{case.seed}:params_inplace")
+    plan = {"A_log": rng.choice(PARAM_SOURCES), "dt_bias": rng.choice(PARAM_SOURCES)}
+    for name in ("A_log", "dt_bias"):
+        plan[name + "_shift"] = [rng.choice((-1.0, 1.0)) * rng.uniform(*PARAM_SHIFT) for _ in range(case.HV)]
+    return plan
+
+
+def _param_source(values_io: torch.Tensor, kind: str) -> torch.Tensor:
+    """A fresh tensor object of `kind` (PARAM_SOURCES) holding values_io (IO-rounded values)."""
+    dtype = torch.float32 if kind.startswith("fp32") else values_io.dtype
+    if not kind.endswith("_strided"):
+        return values_io.to(dtype).clone()
+    buf = torch.full((2 * values_io.numel(),), float("nan"), dtype=dtype, device=values_io.device)
+    view = buf[::2]
+    view.copy_(values_io)
+    return view
+
+
+def _source_text(t: torch.Tensor, kind: str) -> str:
+    dt = str(t.dtype).replace("torch.", "")
+    if kind.endswith("_strided"):
+        return f"{dt} stride-2 view" + ("" if not t.is_contiguous() else " (contiguous all the same: HV = 1)")
+    return f"{dt} contiguous"
+
+
+def check_params_inplace(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """N5: weights reloaded in place between two launches take effect on the next launch.
+
+    A_log and dt_bias are given as source tensors of a kind drawn from the seed (params_plan:
+    fp32 or the IO dtype, contiguous or a stride-2 view of a larger buffer), holding the case's
+    values.  The case is launched once; then both sources are overwritten IN PLACE (copy_ of new
+    IO-rounded values: the old ones shifted per head) and the case is launched again on freshly
+    materialized inputs with the same source objects.  The second launch must agree with the
+    float64 oracle of the NEW parameters (the launch property's tolerance table, M4-M7) and keep
+    to its write set, the sources included (M8).  Contract N5 documents that the released wrapper
+    caches the cast of any source that is not IO-dtype and contiguous by id(), so an in-place
+    reload of such a source is not seen there (the stale cast is used): this property fails on the
+    released kernel whenever a source is not a contiguous IO tensor, and the message says whether
+    the second launch matches the oracle of the OLD parameters.  A reload of a contiguous IO source
+    must take effect everywhere.  Check ids params_inplace.oracle (one finding, clause N5, over
+    y/u/k/g/fold: the signature does not depend on which outputs, rows or source kinds show it),
+    params_inplace.writes.*, params_inplace.launch.  Findings carry the case as their launch
+    (transform "": the second launch's tensors are materialize(case) but for the reloaded
+    parameters, which only this check builds: replay the property, not a plain launch).
+    """
+    plan = params_plan(case)
+    base = materialize(case, device)
+    io = base["q"].dtype
+    old = {n: base[n] for n in ("A_log", "dt_bias")}
+    new = {n: (old[n].double() + torch.tensor(plan[n + "_shift"], dtype=torch.float64, device=old[n].device)).to(io)
+           for n in ("A_log", "dt_bias")}
+    src = {n: _param_source(old[n], plan[n]) for n in ("A_log", "dt_bias")}
+    where = ", ".join(f"{n} as {_source_text(src[n], plan[n])}" for n in ("A_log", "dt_bias"))
+    for n in ("A_log", "dt_bias"):
+        note(f"params_inplace: {n} source {plan[n]}")
+    rec = launch_record(case, note=f"the second of two launches of the case: between them {where} were reloaded "
+                                   "in place (copy_) with new values (check_params_inplace; a plain launch of the "
+                                   "case does not reload anything)")
+    first = observe(target, case, device, inputs=dict(base, **src))
+    if first.error is not None:
+        return [Finding("params_inplace.launch", "H*", f"the first launch ({where}) raised "
+                        f"{type(first.error).__name__}: {first.error}", outcome=raised(first.error), launch=rec)]
+    for n in ("A_log", "dt_bias"):
+        src[n].copy_(new[n])  # in place: the same objects, new values
+    obs = observe(target, case, device, inputs=dict(materialize(case, device), **src))
+    if obs.error is not None:
+        return [Finding("params_inplace.launch", "H*", f"the second launch, after the in-place reload ({where}), "
+                        f"raised {type(obs.error).__name__}: {obs.error}", outcome=raised(obs.error), launch=rec)]
+    out = [dataclasses.replace(f, prop=f"params_inplace.{f.prop}", message=(
+        f"after an in-place reload of A_log/dt_bias ({where}): " + f.message), launch=rec) for f in check_writes(obs)]
+    bad, other = _oracle_verdict(obs, new)
+    out += [dataclasses.replace(f, prop=f"params_inplace.{f.prop}", launch=rec) for f in other]
+    if not bad:
+        return out
+    # control: the same launch with FRESH source objects holding the new values (nothing to reload)
+    fresh = observe(target, case, device, inputs=dict(
+        materialize(case, device), **{n: _param_source(new[n], plan[n]) for n in ("A_log", "dt_bias")}))
+    if fresh.error is not None or _oracle_verdict(fresh, new)[0]:
+        # the new values fail without any reload too: not the reload's fault (the launch property's
+        # ground); reported with the oracle's own check ids and clauses
+        return out + [dataclasses.replace(f, prop=f"params_inplace.{f.prop}", message=(
+            f"with new A_log/dt_bias ({where}; fresh source objects fail too): " + f.message), launch=rec)
+            for f in bad]
+    w = max(bad, key=lambda f: (f.value or 0.0) / f.tol if f.tol else float("inf"))
+    used = [f"{n} {'new' if m[n] is new[n] else 'old'}" for m in _combos(old, new)
+            if not _oracle_verdict(obs, m)[0] for n in ("A_log", "dt_bias")]
+    same = isinstance(first.output, torch.Tensor) and isinstance(obs.output, torch.Tensor) and bool(
+        same_bits(first.output, obs.output).all())
+    out.insert(0, Finding(
+        "params_inplace.oracle", "N5",
+        f"after an in-place reload of A_log/dt_bias ({where}) the next launch disagrees with the float64 oracle "
+        f"of the new values in {', '.join(f.prop.split('.', 1)[1] for f in bad)} (worst: {w.prop}); fresh "
+        "source objects holding the same new values pass. "
+        + (f"It matches the oracle of {' and '.join(used[:2])} (values before the reload: a stale cast, N5)."
+           if used else "It matches no mix of old and new values.")
+        + (" y is bitwise that of the launch before the reload." if same else ""),
+        row=w.row, head=w.head, value=w.value, tol=w.tol, unit=w.unit, bound=w.bound,
+        outcome=NON_FINITE if any(f.outcome == NON_FINITE for f in bad) else OUT_OF_TOLERANCE, launch=rec))
+    return out
+
+
+def _oracle_verdict(obs, params: dict) -> tuple[list, list]:
+    """(oracle.* findings, other findings) of check_oracle for `obs` judged with the parameters
+    `params` ({"A_log", "dt_bias"}: IO-rounded and contiguous, what the kernel must use, N4)."""
+    found = check_oracle(dataclasses.replace(obs, before=dict(obs.before, **params)))
+    bad = [f for f in found if f.prop.startswith("oracle.")]
+    return bad, [f for f in found if not f.prop.startswith("oracle.")]
+
+
+def _combos(old: dict, new: dict) -> list[dict]:
+    """The parameter sets a stale cast may have used: A_log old, dt_bias old, both old."""
+    return [dict(new, A_log=old["A_log"]), dict(new, dt_bias=old["dt_bias"]), dict(old)]
+
+
 PROPERTIES = (
     # reseed=False: every illegal call differs from the legal one in a dtype, T, flush_min or a
     # cursor (all structure), and the host checks look at nothing else, so another value seed
@@ -286,4 +422,7 @@ PROPERTIES = (
              "and changes nothing else", check_commit),
     Property("extremes", "N2", "a + dt_bias ~ 120 on one head: that head matches the oracle or is non-finite (N2); "
              "nothing else changes", check_extremes),
+    Property("params_inplace", "N5", "A_log/dt_bias reloaded in place between two launches (fp32 or IO, contiguous "
+             "or strided sources) take effect on the next launch: it matches the oracle of the new values",
+             check_params_inplace),
 )

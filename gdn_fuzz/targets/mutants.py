@@ -269,6 +269,21 @@ register(
            "the state loses 3 mantissa bits.  Within the fold tolerance (3 u(max(STATE, RING)), a "
            "Frobenius norm over 16,384 values): only the rounding-pattern study sees it.", scored=False),
     # ---- commit arithmetic (C2): the standalone commit at the end of the entry point
+    # ---- the A_log / dt_bias cast (N5)
+    Mutant("params_cast_cached_by_id", "N5", "params_inplace",
+           "    return t.to(IO_TORCH).contiguous()\n",
+           "    import weakref  # planted: the released wrapper's cast cache, keyed by id() of the source\n"
+           "    cache = globals().setdefault(\"_PLANTED_CAST_CACHE\", {})\n"
+           "    c = cache.get(id(t))\n"
+           "    if c is None:\n"
+           "        c = cache[id(t)] = t.to(IO_TORCH).contiguous()\n"
+           "        weakref.finalize(t, cache.pop, id(t), None)\n"
+           "    return c\n",
+           "the cast of A_log / dt_bias to the IO dtype is cached by id() of the source tensor (evicted when the "
+           "source dies), as in the released wrapper (N5): a source that is not a contiguous IO tensor (fp32, "
+           "or a strided view) and is reloaded in place keeps its first cast, so the next launch uses the old "
+           "weights.  Exposed by an in-place copy_ into such a source between two launches; a campaign's "
+           "contiguous IO parameters never reach the cache."),
     Mutant("commit_base_slides_verify", "C2", "commit.cursors",
            "cache_base.copy_((cache_base + hist_len * flushed) & (RING_SLOTS - 1))",
            "cache_base.copy_((cache_base + hist_len) & (RING_SLOTS - 1))",
