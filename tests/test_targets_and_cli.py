@@ -4,7 +4,8 @@ Loader: a module that does not fit the contract is refused with a message that s
 wrong; the dtype env vars are set only while a module imports; GDN_FUZZ_KERNEL_MODULE picks
 the production file; the SM100 variant reports why it is unavailable.
 CLI: `run` exits 0 on the reference and 1 on a planted bug, `replay` reproduces a corpus
-entry, `report` writes its files, `doctor` names every target.
+entry, `report` writes its files and counts each regime and bucket value per property (listing the
+values no example reached), `doctor` names every target.
 Precision study: its strategy draws a flush row in every Case, and the search records (Hypothesis
 event) what an example could not inspect.
 """
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 
 from gdn_fuzz import cli
 from gdn_fuzz.arms import ENV_VARS, get_arm
+from gdn_fuzz.strategies import regimes
 from gdn_fuzz.studies.precision import precision_cases
 from gdn_fuzz.targets import (REFERENCE_PATH, TargetMismatch, TargetUnavailable, get_target, load_module,
                               resolve_production_path)
@@ -100,6 +102,74 @@ def test_run_exit_codes_and_records(tmp_path):
                      "--property", "launch", "--no-isolate", "--corpus", str(corpus)]) == 1
     (entry,) = corpus.glob("*.json")
     assert cli.main(["replay", str(entry)]) == 0  # an open bug that still fails is the expected outcome
+
+
+def _table(md: str, title: str) -> dict:
+    """The rows of one report table: first cell -> the other cells."""
+    lines = md.split(f"### {title}\n", 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return {r[0]: dict(zip(head[1:], r[1:])) for r in ([c.strip() for c in ln.strip("|").split("|")]
+                                                        for ln in lines[2:])}
+
+
+def test_report_counts_every_regime_and_bucket_value_per_property(tmp_path):
+    """`report` on a real campaign record (two properties, buckets 4 and 8 of the reference's 4 8 16 64):
+    one table per Regime field and one per bucket, a column per property; every menu value is a row,
+    its counts are the record's, the menu values no example reached read 0 and are listed as not
+    explored (buckets 16 and 64 here; in a record cut to 3 examples, at least 4 of the 7 qk_scales)."""
+    import dataclasses
+    from collections import Counter
+
+    from gdn_fuzz.case import Regime
+    from gdn_fuzz.engine.report import bucket_menu, menu_tables, regime_menus
+
+    rec, js = tmp_path / "r.jsonl", tmp_path / "r.json"
+    assert cli.main(["run", "--examples", "8", "--arms", "bf16", "--T", "4", "--no-corpus", "--no-isolate",
+                     "--property", "launch", "--property", "params_inplace", "--buckets", "4", "8",
+                     "--record", str(rec), "--json", str(js)]) == 0
+    recs = [json.loads(x) for x in rec.read_text().splitlines()]
+    assert {r["prop"] for r in recs} == {"launch", "params_inplace"}
+    menus = regime_menus()
+    assert set(menus) == {f.name for f in dataclasses.fields(Regime)}, "a Regime field without a report table"
+    assert bucket_menu(json.loads(js.read_text()))[0] == (4, 8, 16, 64)
+    assert cli.main(["report", str(rec), "--campaign", str(js), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    for field in [*menus, "bucket"]:
+        title = field if field == "bucket" else f"regime.{field}"
+        rows = _table(md, title)
+        menu = (4, 8, 16, 64) if field == "bucket" else menus[field]
+        labels = [f"{v:g}" if isinstance(v, float) else str(v) for v in menu]
+        assert list(rows) == labels, (title, list(rows))  # every menu value, in menu order, nothing else
+        for v, label in zip(menu, labels):
+            got = {p: int(rows[label][p]) for p in ("launch", "params_inplace")}
+            want = Counter(r["prop"] for r in recs
+                           if (r["B"] if field == "bucket" else r["regime"][field]) == v
+                           and isinstance(v, bool) == isinstance(r["B"] if field == "bucket" else r["regime"][field], bool))
+            assert got == {p: want.get(p, 0) for p in got}, (title, label, got, want)
+            assert rows[label]["all"] == (str(sum(got.values())) if sum(got.values()) else "**0**")
+    missed = md.split("- **not explored** (no example): ", 1)[1].splitlines()[0]
+    assert "bucket = 16, 64" in missed, missed
+    assert (tmp_path / "rep" / "report.html").read_text().count("<table") >= len(menus) + 2
+
+    md3 = "\n".join(menu_tables(recs[:3], json.loads(js.read_text())))  # the record cut to 3 examples
+    seen = {r["regime"]["qk_scale"] for r in recs[:3]}
+    zero = [f"{v:g}" for v in menus["qk_scale"] if v not in seen]
+    assert len(zero) >= 4 and all(_table(md3, "regime.qk_scale")[z]["all"] == "**0**" for z in zero)
+    missed = md3.split("- **not explored** (no example): ", 1)[1].splitlines()[0]
+    assert "qk_scale = " + ", ".join(zero) in missed, missed
+
+
+@settings(max_examples=60, deadline=None)
+@given(regimes())
+def test_report_regime_menus_hold_every_drawn_value(reg):
+    """The report's regime menus (engine.report.regime_menus) hold every value strategies.regimes draws,
+    so a value the strategy adds cannot be missing from the coverage tables."""
+    from gdn_fuzz.engine.report import regime_menus
+
+    menus = regime_menus()
+    for name, menu in menus.items():
+        v = getattr(reg, name)
+        assert any(v == m and isinstance(v, bool) == isinstance(m, bool) for m in menu), (name, v, menu)
 
 
 def test_doctor_names_every_target(capsys):

@@ -4,7 +4,9 @@ Inputs: the campaign's JSON record (`gdn-fuzz run --json`) and its per-example J
 (`gdn-fuzz run --record`).  Output folder: report.md, report.html and matplotlib PNGs of
 the error against the float64 oracle by arm, by hist_len P and over the campaign.
 Coverage tables say which parts of the strategy space the campaign reached (P values,
-wrapped windows, pad rows, arms, T, flush_min, value regimes).
+wrapped windows, pad rows, arms, T, flush_min, value regimes); per-regime and per-bucket tables
+count, per property, the examples that reached each value of each menu (the Regime fields and the
+batch buckets) and list the menu values no example reached.
 """
 
 from __future__ import annotations
@@ -52,6 +54,129 @@ def coverage(recs: list[dict]) -> dict[str, Counter]:
     return cov
 
 
+# ------------------------------------------------------------------ per-regime and per-bucket coverage
+
+# The value menus the strategies draw a Regime from (strategies.regimes; gdn_fuzz.case for the names).
+# The three scales are literals inside strategies.regimes(): taken from named constants there once it
+# has them (QK_SCALES, V_SCALES, STATE_SCALES), else these copies, which tests/test_targets_and_cli.py
+# checks against what the strategy draws.
+def _menu(name: str, fallback: tuple) -> tuple:
+    from gdn_fuzz import strategies
+
+    return tuple(getattr(strategies, name, fallback))
+
+
+def regime_menus() -> dict[str, tuple]:
+    """Regime field -> the values the strategies draw it from, in menu order."""
+    from gdn_fuzz.case import BETAS, DECAYS, HISTORIES, KEYS
+
+    return {"qk_scale": _menu("QK_SCALES", (1.0, 1e-3, 30.0, 1e-4, 3e-5, 1e-5, 1e-6)),
+            "v_scale": _menu("V_SCALES", (1.0, 1e-2, 8.0)),
+            "state_scale": _menu("STATE_SCALES", (0.1, 1.0, 1e-3)),
+            "decay": tuple(DECAYS), "beta": tuple(BETAS), "keys": tuple(KEYS), "history": tuple(HISTORIES),
+            "poison": (False, True)}
+
+
+def bucket_menu(camp: dict) -> tuple[tuple, str]:
+    """(the batch buckets the campaign drew from, where that menu comes from).  The campaign record's
+    "buckets" when it has them; else the default of its target (strategies.buckets_for: BUCKETS on a
+    target that JIT-compiles, CPU_BUCKETS otherwise); with no campaign record, both defaults."""
+    from gdn_fuzz.strategies import BUCKETS, CPU_BUCKETS
+
+    if camp.get("buckets"):
+        return tuple(camp["buckets"]), "the campaign's buckets"
+    name = str(camp.get("target") or "")
+    if not name:
+        return tuple(sorted(set(BUCKETS) | set(CPU_BUCKETS))), "the strategies' default buckets (no campaign record given)"
+    gpu = name in ("production", "sm100")
+    if name.startswith("mutant:"):
+        from gdn_fuzz.targets.mutants import CATALOGUE
+
+        m = CATALOGUE.get(name.split(":", 1)[1])
+        gpu = m is not None and m.base == "production"
+    return ((tuple(BUCKETS), f"the default buckets of target {name} (strategies.BUCKETS; the campaign record "
+             "does not list --buckets)") if gpu else
+            (tuple(CPU_BUCKETS), f"the default buckets of target {name} (strategies.CPU_BUCKETS; the campaign "
+             "record does not list --buckets)"))
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _same(a, b) -> bool:
+    """Equal menu values (a bool never equals a number: True is not 1.0)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def menu_coverage(recs: list[dict], menus: dict[str, tuple], props: list[str] | None = None) -> dict:
+    """Per menu (a Regime field, or "bucket"): {"props": [...], "rows": [(value, on_menu, {prop: n}, total)]}.
+
+    Every menu value is a row, those no example reached included (total 0); a value the records hold
+    but the menu lacks (a custom strategy, an older menu) is a row with on_menu False.  An example's
+    bucket is its batch size B (cases are padded with pad rows to their bucket)."""
+    props = list(props) if props else []
+    for r in recs:
+        if r["prop"] not in props:
+            props.append(r["prop"])
+    out = {}
+    for field, menu in menus.items():
+        counts: dict = {}
+        for r in recs:
+            v = r["B"] if field == "bucket" else r["regime"][field]
+            key = next((m for m in menu if _same(m, v)), v)
+            counts.setdefault(key, {}).setdefault(r["prop"], 0)
+            counts[key][r["prop"]] += 1
+        rows = [(v, True, counts.get(v, {}), sum(counts.get(v, {}).values())) for v in menu]
+        extra = [v for v in counts if not any(_same(v, m) for m in menu)]
+        rows += [(v, False, counts[v], sum(counts[v].values())) for v in sorted(extra, key=str)]
+        out[field] = dict(props=props, rows=rows)
+    return out
+
+
+def unexplored(cov: dict) -> dict[str, list]:
+    """Menu -> its values that no example reached (what the run did not explore)."""
+    return {f: [v for v, on, _, n in c["rows"] if on and n == 0] for f, c in cov.items()}
+
+
+def menu_tables(recs: list[dict], camp: dict) -> list[str]:
+    """The Markdown of the per-regime and per-bucket tables."""
+    from gdn_fuzz.properties import REGISTRY
+
+    ran = list((camp.get("per_property") or {}).keys())
+    props = [p for p in REGISTRY if p in ran] + [p for p in ran if p not in REGISTRY]
+    menus = dict(regime_menus())
+    buckets, source = bucket_menu(camp)
+    menus["bucket"] = buckets
+    cov = menu_coverage(recs, menus, props)
+    zero = unexplored(cov)
+    md = ["## Coverage per regime and bucket", "",
+          "Examples that reached each menu value, per property.  Every value of a menu is listed; "
+          "**0** marks one that no example of the whole run reached.  Regime menus: strategies.regimes "
+          f"(gdn_fuzz.case.Regime); bucket menu: {source}; an example's bucket is its batch size B.", ""]
+    missed = [f"{f} = {', '.join(_fmt(v) for v in vs)}" for f, vs in zero.items() if vs]
+    md.append("- **not explored** (no example): " + ("; ".join(missed) if missed else "none: every menu value was reached"))
+    md.append("")
+    for field, c in cov.items():
+        md += [f"### {'bucket' if field == 'bucket' else 'regime.' + field}", "",
+               "| value | " + " | ".join(c["props"]) + " | all |", "|---|" + "---|" * (len(c["props"]) + 1)]
+        for v, on, per, n in c["rows"]:
+            label = _fmt(v) + ("" if on else " (off menu)")
+            cells = [str(per.get(p, 0)) for p in c["props"]]
+            md.append(f"| {label} | " + " | ".join(cells) + f" | {'**0**' if n == 0 else n} |")
+        md.append("")
+    return md
+
+
+def _log_or_empty(ax, has_data: bool) -> None:
+    """A log y axis, or "no data" where the output had no value (e.g. no flush row, no fold: a log
+    axis over nothing made matplotlib raise and the whole report fail)."""
+    if has_data:
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+
+
 def _plots(recs, out: Path) -> list[str]:
     import matplotlib
 
@@ -82,7 +207,7 @@ def _plots(recs, out: Path) -> list[str]:
         data = [per_arm[o][a] or [float("nan")] for a in arms]
         ax.boxplot(data, showfliers=True)
         ax.set_xticks(range(1, len(arms) + 1), arms, rotation=45, ha="right", fontsize=7)
-        ax.set_yscale("log")
+        _log_or_empty(ax, any(per_arm[o][a] for a in arms))
         ax.set_title(f"{o}: error / magnitude")
     fig.tight_layout()
     fig.savefig(out / "error_by_arm.png", dpi=90)
@@ -92,7 +217,7 @@ def _plots(recs, out: Path) -> list[str]:
     for ax, o in zip(axes, ("y", "fold")):
         P, v, c = byP[o]
         sc = ax.scatter(P, v, c=c, s=6, cmap="tab10", vmin=0, vmax=9)
-        ax.set_yscale("log")
+        _log_or_empty(ax, bool(v))
         ax.set_xlabel("hist_len P")
         ax.set_title(f"{o}: error / magnitude by P (colour = arm)")
     if arms:
@@ -147,7 +272,8 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
     for k, c in coverage(recs).items():
         items = sorted(c.items(), key=lambda kv: (str(type(kv[0])), kv[0]))
         md.append(f"- **{k}**: " + (", ".join(f"{v}: {n}" for v, n in items) or "not reached"))
-    md += ["", "Accept sequences are exercised by the stateful machine (tests/test_machine.py), not by",
+    md += [""] + menu_tables(recs, camp)
+    md += ["Accept sequences are exercised by the stateful machine (tests/test_machine.py), not by",
            "single-launch campaigns.", "", "## Error against the float64 oracle", ""]
     worst = {}
     for r in recs:
@@ -165,8 +291,14 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
         md.append(f"![{png}]({png})")
     text = "\n".join(md) + "\n"
     (out / "report.md").write_text(text)
-    body = []
-    for line in text.splitlines():
+    body, table = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            body.append(_html_table(table))
+            table = []
         if line.startswith("!["):
             src = line[line.index("(") + 1:-1]
             body.append(f'<img src="{html.escape(src)}" style="max-width:100%">')
@@ -178,3 +310,14 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
     (out / "report.html").write_text("<!doctype html><meta charset=utf-8><title>gdn_fuzz report</title>\n"
                                      + "\n".join(body) + "\n")
     return out / "report.md"
+
+
+def _html_table(lines: list[str]) -> str:
+    """A Markdown table (header, |---| rule, rows) as an HTML table."""
+    def cells(line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    head, rows = cells(lines[0]), [cells(x) for x in lines[2:]]
+    th = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    tr = "".join("<tr>" + "".join(f"<td>{html.escape(c.replace('**', ''))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table border=1 cellspacing=0 cellpadding=3><tr>{th}</tr>{tr}</table>"
