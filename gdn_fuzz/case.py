@@ -99,8 +99,8 @@ class Regime:
 
     qk_scale    element std of q and k before normalization ("tiny" and "huge" norms)
     v_scale     element std of v;  state_scale: element std of the checkpoints
-    decay       weak | normal | strong   (A_log, dt_bias and a together set g, M1)
-    beta        near0 | mid | near1      (b, through the sigmoid)
+    decay       weak | normal | strong | vanishing   (A_log, dt_bias and a together set g, M1)
+    beta        near0 | mid | near1 | zero | one   (b, through the sigmoid; zero, one: exactly, in f32)
     keys        random | near_dup | zero_norm
     history     consistent (window records produced by the oracle from earlier tokens)
                 | free (random normalized keys, random updates, decreasing G)
@@ -118,8 +118,8 @@ class Regime:
     poison: bool = False
 
 
-DECAYS = ("normal", "weak", "strong")  # first = where shrinking lands
-BETAS = ("mid", "near0", "near1")
+DECAYS = ("normal", "weak", "strong", "vanishing")  # first = where shrinking lands
+BETAS = ("mid", "near0", "near1", "zero", "one")  # "zero", "one": beta exactly 0 / 1 in f32 (issue 18)
 KEYS = ("random", "near_dup", "zero_norm")
 HISTORIES = ("consistent", "free")
 
@@ -374,6 +374,8 @@ def decay_params(regime: Regime, gen, B, T, HV):
     weak:   g ~ -1e-4 .. -1e-3 (memory kept for hundreds of tokens)
     normal: g ~ -0.05 .. -1    (Qwen3-Next-like: A = e^{A_log} in [0.5, 4])
     strong: g ~ -1 .. -8       (window contributions fall off by e^-8 per token)
+    vanishing: g ~ -13 .. -61  (issue 18: mostly below -16.6, where e^g is under fp16's smallest
+               subnormal 6e-8, and past a few tokens under f32's: the decays of N3's underflow note)
     """
     if regime.decay == "weak":
         A = torch.empty(HV).uniform_(1e-3, 1e-2, generator=gen)
@@ -384,6 +386,9 @@ def decay_params(regime: Regime, gen, B, T, HV):
     elif regime.decay == "strong":
         A = torch.empty(HV).uniform_(4.0, 16.0, generator=gen)
         a_mu = 0.5
+    elif regime.decay == "vanishing":
+        A = torch.empty(HV).uniform_(10.0, 20.0, generator=gen)
+        a_mu = 2.0
     else:
         raise ValueError(f"regime.decay={regime.decay!r}; use one of {DECAYS}")
     dt_bias = torch.randn(HV, generator=gen) * 0.5
@@ -392,7 +397,8 @@ def decay_params(regime: Regime, gen, B, T, HV):
 
 
 def _beta_logits(regime: Regime, gen, shape):
-    mu = {"near0": -8.0, "mid": 0.0, "near1": 8.0}.get(regime.beta)
+    # zero / one: sigma(b) is exactly 0 / 1 in f32 for |b| >~ 104 / 17 (e^{+-b} overflows / underflows)
+    mu = {"near0": -8.0, "mid": 0.0, "near1": 8.0, "zero": -120.0, "one": 120.0}.get(regime.beta)
     if mu is None:
         raise ValueError(f"regime.beta={regime.beta!r}; use one of {BETAS}")
     return mu + torch.randn(shape, generator=gen) * 1.5

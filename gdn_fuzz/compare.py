@@ -39,7 +39,13 @@ Underflow: fp16 holds values below 2^-14 only as subnormals spaced 2^-24 apart, 
 built from K-term dot products of fp16-rounded intermediates can be off by ~K * 2^-24 in
 absolute terms however small it is (strong decay with beta near 0 makes such values).
 Every arm with an fp16 dtype therefore adds an absolute floor atol = K * 2^-24 per element
-to y, u and fold and 2^-24 to k; bf16's subnormals sit at 2^-133 (atol 0 in practice).
+to y, u and fold and 2^-24 to k.  bf16's subnormals sit at 2^-133, but the kernel computes in
+f32 with subnormals flushed to zero (N1): every f32 term below 2^-126 is 0, where the float64
+oracle keeps it (beta exactly 0 in f32 is sigma(-120) = 8e-53 in float64; a decay e^{-400} is
+1.9e-174).  So every arm's floor is at least K * 2^-126 per element (2^-126 for k): an element
+is a sum of at most K such terms (a K-term dot product; a fold element sums 17).  Found on the
+CPU reference with the issue-18 regimes beta "zero" and decay "vanishing" (2026-12-02): U = 0
+against 1e-52, relative error 1.
 
 Measured evidence is recorded beside each arm in docs/tolerances.md (H200 maxima over
 the recorded campaigns).  A bound is never raised to make a test pass: a target outside
@@ -62,6 +68,7 @@ C_Y, C_U, C_K, C_FOLD = 4.0, 4.0, 2.0, 3.0
 G_RTOL = 2.0**-16
 G_ABS_PER_TOKEN = 2.0**-23  # x e^{A_log}: 2 x the 2^-24 rounding of 1 + e^x in f32
 FP16_SUBNORMAL = 2.0**-24  # spacing of fp16 subnormals
+F32_FTZ = 2.0**-126  # f32's smallest normal: the kernel flushes anything below it to zero (N1)
 K_TERMS = 128  # K = V = 128: terms in each dot product of normalized vectors
 
 
@@ -78,7 +85,7 @@ def table_for(arm: Arm | str) -> dict[str, Tol]:
     uk = max(unit_roundoff(arm.pack), unit_roundoff(arm.ring))
     uf = max(unit_roundoff(arm.state), unit_roundoff(arm.ring))
     has_fp16 = torch.float16 in (arm.io, arm.state, arm.ring)
-    tiny = FP16_SUBNORMAL if has_fp16 else 0.0
+    tiny = FP16_SUBNORMAL if has_fp16 else F32_FTZ
     return {
         "y": Tol(C_Y * uio, f"{C_Y:g} x u(IO={arm.io}): 8 IO/PACK roundings in quadrature (N3)", K_TERMS * tiny),
         "u": Tol(C_U * uio, f"{C_U:g} x u(IO={arm.io}): Tmat/S_h K in IO, one RING rounding (N3)", K_TERMS * tiny),

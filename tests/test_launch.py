@@ -42,3 +42,21 @@ def test_planted_bug_is_found(name, tmp_path):
                                    suppress_health_check=list(HealthCheck)))
     findings = check_launch(t, found)
     assert any(f.clause == p.clause or f.prop.startswith(p.prop) for f in findings), findings
+
+
+@pytest.mark.parametrize("decay, beta", [("vanishing", "mid"), ("normal", "zero"), ("vanishing", "zero"),
+                                         ("strong", "one")])
+def test_issue18_value_regimes_pass_on_the_reference(decay, beta):
+    """The value regimes where the rounding rules change (issue 18): decays under fp16's subnormals and
+    past f32's range, beta exactly 0 and 1 in f32.  The reference computes in f32 like the kernel; with
+    beta "zero" on the bf16 arm it gives U = 0 where the float64 oracle has ~1e-52, which failed the
+    launch property (relative error 1) until the tolerance table took N1's flush-to-zero floor
+    (compare.F32_FTZ); every arm, T = 4 and 8, a flush row, a verify row, a pad row and P = 0."""
+    from gdn_fuzz.arms import ARM_NAMES
+    from gdn_fuzz.case import Case, Regime, Row
+
+    for arm in ARM_NAMES:
+        for T in (4, 8):
+            case = Case(arm=arm, T=T, H=1, HV=2, pool=3, seed=T, regime=Regime(decay=decay, beta=beta),
+                        rows=(Row(0, 13, 25), Row(1, 5, 20), Row(-1), Row(2, 0, 31)))
+            assert check_launch(get_target("reference"), case, "cpu") == [], (arm, T)
