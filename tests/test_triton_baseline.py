@@ -200,3 +200,201 @@ def test_gpu_streams(gpu_kernels, seed, n_pad, accept, decay, cfg, T):
     r = td.run_properties(kern, T=T, cfg=cfg, device=device, steps=10, R=3, n_pad=n_pad, H=2, HV=4, K=128,
                           seed=seed, accept=accept, decay=decay, relations=False)
     _assert_clean(r)
+
+
+# ------------------------------------------------------------------ the commit entry points (issue 18)
+# commit_gdn_replayssm_spec (fold_every_commit False / True), commit_gdn_replayssm_circular and the
+# fold-every-commit fold commit_gdn_replayssm_fold_all_layers, one call per example, against the
+# plain-Python expectations (tb.expect_*; properties in gdn_fuzz.studies.triton_diff: cursors [C3],
+# invariant [C4], state [M3 M7], untouched [M8]).  Example counts are small because every example is a
+# Triton-interpreter launch on this 2-core CI machine (spec ~0.1 s, fold ~0.3 s, circular ~0.5-1 s);
+# the GPU tier draws GDN_FUZZ_TRITON_EXAMPLES (default 25) of each.
+
+
+@st.composite
+def commit_cases(draw, kind: str, K: int = CPU_K):
+    """td.CommitCase over the domain of td.draw_commit_case (its docstring): reachable cursors only.  Row 0
+    is live (and, for circular, a capacity row) so that the few interpreter examples all do work."""
+    T = draw(st.sampled_from([4, 8]))
+    ring = draw(st.sampled_from([16, 32, 64] if kind.startswith("spec") else [16, 32]))
+    L = draw(st.integers(2 * T, ring))
+    rows = []
+    for i in range(draw(st.integers(1, 4))):
+        live = i == 0 or draw(st.booleans()) or draw(st.booleans())  # row 0 live, then 3 in 4
+        base = draw(st.integers(0, ring - 1))
+        if kind == "spec":
+            wp = draw(st.integers(0, L - T))
+            rows.append(td.CommitRow(live, wp, base, wp + 2 * T > L, draw(st.integers(0, T))))
+        elif kind == "spec_fold_every":
+            wp = draw(st.integers(0, T))
+            rows.append(td.CommitRow(live, wp, base, wp > 0, draw(st.integers(0, T))))
+        elif kind == "circular":
+            wp = draw(st.integers(0, ring))
+            acc = draw(st.integers(0, min(T, wp)))
+            rows.append(td.CommitRow(live, wp, base, i == 0 or draw(st.booleans()), acc,  # row 0: a capacity row
+                                     draw(st.integers(-1, acc - 1)) if acc else -1))
+        else:
+            rows.append(td.CommitRow(live, accepted=draw(st.integers(0, T)), track_step=draw(st.integers(-1, T - 1))))
+    return td.CommitCase(rows, T=T, L=L, ring=ring, fold_every=kind == "spec_fold_every",
+                         null=0 if kind.startswith("spec") else draw(st.sampled_from([-1, 0])),
+                         pad_below=draw(st.booleans()), layers=draw(st.integers(1, 2)), H=draw(st.integers(1, 2)),
+                         G=draw(st.integers(1, 2)), K=K, residual=kind == "circular" and draw(st.booleans()),
+                         track=kind in ("circular", "fold") and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+
+
+def _clean(F, meas=None):
+    assert not F, "\n".join(str(f) for f in F) + ("\n" + json.dumps(meas) if meas else "")
+
+
+@pytest.fixture(scope="module")
+def interp_kernels():
+    """The real SGLang kernels under TRITON_INTERPRET=1.  The commit kernels have no data-dependent
+    range() over a numpy scalar (the fold's loop is shimmed, tb._interpreted_loop_index), so unlike
+    _interp_reason this does not need numpy < 2.3."""
+    why = tb.interpreter_unusable_reason()
+    if why:
+        pytest.skip(f"needs the SGLang files ({tb.SGLANG_DIR_ENV}) and TRITON_INTERPRET=1: {why}")
+    return tb.load_kernels(interpret=True)
+
+
+SPEC_CASES = st.sampled_from(["spec", "spec_fold_every"]).flatmap(commit_cases)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(case=SPEC_CASES)
+def test_commit_spec_expectation_model(case):
+    """[C3 C4] CI tier: TorchBaselineModel.commit_spec (what the adapter tests drive) == tb.expect_commit_spec."""
+    F, _ = td.check_commit_spec(tb.TorchBaselineModel, case)
+    _clean(F)
+
+
+def test_commit_spec_expectation_is_c3():
+    """[C3] the expectation is the contract's caller commit (oracles.commit.caller_commit, ring mask 31) on
+    every reachable row with accepted >= 1, and differs only in the base of flush rows with accepted = 0
+    (an empty window either way)."""
+    from gdn_fuzz.oracles import commit as oc
+
+    T, L = 4, 20
+    for wp in range(0, L - T + 1):
+        for acc in range(0, T + 1):
+            fl = int(wp + 2 * T > L)
+            w2, b2, _ = tb.expect_commit_spec([0, wp], [0, 29], [0, fl], [acc], [1], max_cache_len=L, max_spec_len=T,
+                                              cache_buf_len=32)
+            cw, cb = oc.caller_commit(torch.tensor([wp]), torch.tensor([29]), torch.tensor([acc]), 17 - T)
+            assert w2[1] == int(cw[0])
+            assert b2[1] == int(cb[0]) or (acc == 0 and fl and w2[1] == 0 and b2[1] == 29)
+
+
+def test_commit_check_catches_planted_bugs():
+    """Power: a commit that does not skip pad rows, and one that forgets to slide the base, are caught."""
+
+    class NoPadSkip(tb.TorchBaselineModel):
+        @staticmethod
+        def commit_spec(write_pos, cache_base, is_flush, num_accepted, replay_indices, *a, null_block_id=0, **kw):
+            tb.TorchBaselineModel.commit_spec(write_pos, cache_base, is_flush, num_accepted, replay_indices, *a,
+                                              null_block_id=-10, **kw)
+
+    class NoSlide(tb.TorchBaselineModel):
+        @staticmethod
+        def commit_spec(write_pos, cache_base, is_flush, *a, **kw):
+            base = cache_base.clone()
+            tb.TorchBaselineModel.commit_spec(write_pos, cache_base, is_flush, *a, **kw)
+            cache_base.copy_(base)
+
+    pad = td.CommitCase([td.CommitRow(True, 3, 5, False, 2), td.CommitRow(False, 0, 0, False, 2)], T=4, L=20)
+    F, _ = td.check_commit_spec(NoPadSkip, pad)
+    assert any("commit.spec.cursors" in str(f) and "write_pos" in str(f) for f in F), F
+    flush = td.CommitCase([td.CommitRow(True, 14, 30, True, 3)], T=4, L=20)
+    F, _ = td.check_commit_spec(NoSlide, flush)
+    assert any("cache_base" in str(f) for f in F), F
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(case=SPEC_CASES)
+def test_interpreter_commit_spec(interp_kernels, case):
+    """[C3 C4 M8] commit_gdn_replayssm_spec, both values of fold_every_commit (the fold-every-commit
+    variant's cursor rule, decode.py:865-868), real kernel under the interpreter."""
+    F, m = td.check_commit_spec(interp_kernels, case)
+    _clean(F, m)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(case=commit_cases("circular"), ckpt=st.sampled_from([torch.float32, torch.float16]))
+def test_interpreter_commit_circular(interp_kernels, case, ckpt):
+    """[C3 C4 M3 M8] commit_gdn_replayssm_circular (compact materialization + cursor reset), fp16 rings:
+    the interpreter's bf16 tl.dot is broken (td.INTERP_BF16_DOT); bf16 runs in the GPU tier."""
+    F, m = td.check_commit_circular(interp_kernels, case, torch.float16, ckpt)
+    _clean(F, m)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(case=commit_cases("fold"), io=st.sampled_from([torch.bfloat16, torch.float16]),
+       ckpt=st.sampled_from([torch.float32, torch.float16]))
+def test_interpreter_fold_all_layers(interp_kernels, case, io, ckpt):
+    """[M7 M8] commit_gdn_replayssm_fold_all_layers (gdn_replayssm_spec_fold.py): no cursors; the folded
+    and tracked checkpoint rows vs the float64 recurrence (compare.exact_fold_rtol), everything else bitwise."""
+    F, m = td.check_fold_all_layers(interp_kernels, case, io, ckpt)
+    _clean(F, m)
+
+
+def _check_pad_finding(demo, T=4):
+    a, b = demo["A"], demo["B"]
+    # A: state index 0 (= null) -> the decode skips the row: zero outputs, no buffer written ...
+    assert a["decode_changed"] == [] and a["decode_output_zero"]
+    # ... but its replay index 1 (> null) -> the commit advances replay slot 1 by `accepted`
+    assert a["commit_changed"] == ["write_pos"] and a["write_pos_after"][1] == a["write_pos_before"][1] + a["accepted"]
+    # B: state index 1 -> the decode verifies the row and appends T records to replay slot 0 (null) ...
+    assert not b["decode_output_zero"]
+    assert set(b["decode_changed"]) == {"d_cache", "k_cache", "g_cache", "rawv", "rawk", "beta"}
+    assert all(rows == [0] for rows in b["decode_ring_rows"].values())
+    # ... but replay index 0 (= null) -> the commit skips it: the accepted tokens are never committed
+    assert b["commit_changed"] == [] and b["write_pos_after"] == b["write_pos_before"]
+
+
+def test_finding_pad_predicates_disagree_model():
+    """FINDING (docs/triton-baseline.md, Findings), CI tier on TorchBaselineModel, which copies SGLang's two
+    predicates: the decode's pad test is ssm_state_indices <= null, the spec commit's replay_indices <= null."""
+    _check_pad_finding(td.pad_predicate_demo(tb.TorchBaselineModel))
+
+
+def test_finding_pad_predicates_disagree_interpreter(interp_kernels):
+    """FINDING on the real SGLang 0.5.23 kernels (decode.py:148 vs :836).  This pins the observed behaviour:
+    it fails once SGLang makes the two predicates agree (then drop the finding)."""
+    _check_pad_finding(td.pad_predicate_demo(interp_kernels))
+
+
+def test_run_properties_records_commits():
+    """run_properties (hence `gdn-fuzz triton`) runs the commit properties and says which entry points it skipped."""
+    r = td.run_properties(tb.TorchBaselineModel, T=4, steps=2, K=CPU_K, relations=False, commits=2)
+    c = r["measurements"]["commits"]
+    assert c["spec_calls"] == 2 and c["spec_fold_every_calls"] == 2 and set(c["skipped"]) == {"circular", "fold"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", td.COMMIT_KINDS)
+@pytest.mark.parametrize("cfg", ["bf16-ckpt32", "bf16-ckpt16", "fp16-ckpt16"])
+def test_gpu_commits(gpu_kernels, kind, cfg):
+    """The four commit kinds on CUDA with real Triton, K = V = 128, Hypothesis-drawn cases."""
+    kern, device = gpu_kernels
+    io, ckpt = tb.triton_io_ckpt(cfg)
+    n = int(os.environ.get("GDN_FUZZ_TRITON_EXAMPLES", "25"))
+
+    @settings(max_examples=n, deadline=None, derandomize=True)
+    @given(case=commit_cases(kind, K=128))
+    def run(case):
+        if kind.startswith("spec"):
+            F, m = td.check_commit_spec(kern, case, device)
+        elif kind == "circular":
+            F, m = td.check_commit_circular(kern, case, io, ckpt, device)
+        else:
+            F, m = td.check_fold_all_layers(kern, case, io, ckpt, device)
+        print(kind, cfg, json.dumps(m))
+        _clean(F, m)
+
+    run()
+
+
+@pytest.mark.gpu
+def test_gpu_finding_pad_predicates_disagree(gpu_kernels):
+    kern, device = gpu_kernels
+    _check_pad_finding(td.pad_predicate_demo(kern, device=device, io=torch.bfloat16, K=128))

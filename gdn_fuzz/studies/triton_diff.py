@@ -42,6 +42,7 @@ u = u_a + u_b (fused arms: u = compare.drift_unit).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -51,12 +52,13 @@ import torch
 from gdn_fuzz.arms import unit_roundoff
 from gdn_fuzz.case import Regime, decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.findings import Finding
-from gdn_fuzz.compare import (F32_UNIT, F64_REPLAY_RTOL, distance, drift_budget, exact_fold_rtol, frobenius, ratio,
-                              y_budget)
+from gdn_fuzz.compare import (C_FOLD, F32_UNIT, F64_REPLAY_RTOL, FP16_SUBNORMAL, distance, drift_budget,
+                              exact_fold_rtol, frobenius, ratio, y_budget)
 from gdn_fuzz.oracles import gdn as gdn_oracle, ring as ring_oracle
 from gdn_fuzz.oracles.serving import StepInputs
 from gdn_fuzz.serving.adapters import DirectAdapter, TritonAdapter
 from gdn_fuzz.serving.engine import Engine, Geometry
+from gdn_fuzz.targets import triton_baseline as tb
 from gdn_fuzz.targets.triton_baseline import TritonBaselineServing
 from gdn_fuzz.studies.drift import draw_accepts, parse_accept
 
@@ -312,8 +314,11 @@ def _bits_equal(a, b) -> bool:
 
 def run_properties(kernels, *, T: int, cfg: str = "bf16-ckpt32", device: str = "cpu", steps: int = 12, R: int = 3,
                    n_pad: int = 1, seed: int = 0, H: int = 1, HV: int = 2, K: int = 128, decay: str = "normal",
-                   accept: str = "random", ring: int = 32, L: int | None = None, relations: bool = True) -> dict:
-    """Every property above on one stream.  Returns {findings: [...], measurements: {...}, seconds}."""
+                   accept: str = "random", ring: int = 32, L: int | None = None, relations: bool = True,
+                   commits: int = 2) -> dict:
+    """Every property above on one stream, plus `commits` drawn calls of each commit entry point
+    (run_commit_properties; its record under measurements["commits"]).  Returns {findings: [...],
+    measurements: {...}, seconds}."""
     t0 = time.time()
     st = make_stream(seed, T, R, steps, H, HV, K, K, decay, accept)
     order = _pads(seed, R, n_pad)
@@ -333,9 +338,14 @@ def run_properties(kernels, *, T: int, cfg: str = "bf16-ckpt32", device: str = "
         if not (ysame and hsame):
             F.append(Finding("permutation", "R1", f"permuting the batch rows changed results (outputs equal: {ysame}, "
                              f"committed states equal: {hsame})"))
+    extra = []
+    if commits:
+        cr = run_commit_properties(kernels, T=T, cfg=cfg, device=device, seed=seed, cases=commits, K=K)
+        extra = cr["findings"]
+        meas["commits"] = dict(cr["measurements"], skipped=cr["skipped"], seconds=cr["seconds"])
     return dict(T=T, cfg=cfg, device=device, steps=steps, R=R, n_pad=n_pad, seed=seed, H=H, HV=HV, K=K, ring=ring,
                 L=ad.L, flush_min=ad.fmin, decay=decay, accept=accept, kernels=getattr(kernels, "name", "?"),
-                findings=[str(f) for f in F], measurements=meas, seconds=time.time() - t0)
+                findings=[str(f) for f in F] + extra, measurements=meas, seconds=time.time() - t0)
 
 
 # ------------------------------------------------------------------ differential
@@ -386,5 +396,412 @@ def run_differential(fused_target, fused_arms, triton_kernels, triton_cfgs, *, T
                           budget="state: compare.drift_budget with u_a + u_b; y: compare.y_budget with u_a + u_b"),
                 vs_truth=vs_truth, pairs=pairs)
 
+
+# ------------------------------------------------------------------ the commit entry points, one call each (issue 18)
+# commit_gdn_replayssm_spec (both values of fold_every_commit), commit_gdn_replayssm_circular and the
+# fold-every-commit fold commit_gdn_replayssm_fold_all_layers, each called once on a drawn table of
+# cursors / rings and compared with the plain-Python expectations of gdn_fuzz.targets.triton_baseline
+# (expect_*).  Per property:
+#   commit.*.cursors   [C3] write_pos / cache_base / is_flush of every replay slot == the expectation
+#                           (exact; slots outside the batch and pad rows' slots keep their values)
+#   commit.*.invariant [C4] reachable states stay reachable: wp' + T <= L and is_flush' == (wp' + 2T > L)
+#                           (fold_every_commit: wp' <= T and is_flush' == (wp' > 0)); circular: wp' = 0
+#                           and is_flush' = 0 on capacity rows
+#   commit.*.state     [M3 M7] checkpoint rows written by the commit vs the float64 expectation, per
+#                           element within tol x |terms| (+ atol), see _commit_tolerance
+#   commit.*.untouched [M8] every other buffer element (rings, residuals, other checkpoint rows,
+#                           pad rows' blocks and slots) keeps its bits
+# Pad rows use the entry point's own predicate (targets.triton_baseline, "pad-row predicates").
+
+
+@dataclass
+class CommitRow:
+    """One batch row of a commit call.  live=False: a pad row (index <= null under the entry point's predicate).
+
+    wp, base, flush: the cursors of the row's replay slot before the call; accepted: num_accepted /
+    accept_lens; track_step: -1 none, else mamba_steps_to_track (circular / fold only)."""
+
+    live: bool = True
+    wp: int = 0
+    base: int = 0
+    flush: bool = False
+    accepted: int = 0
+    track_step: int = -1
+
+
+@dataclass
+class CommitCase:
+    """A drawn commit call.  T: max_spec_len; L: commit budget (max_cache_len of the spec commit);
+    ring: cache_buf_len / ring slots (power of two); null: null_block_id; pad_below: pad rows use
+    null - 1 instead of null; seed: contents of rings, checkpoints and of slots outside the batch."""
+
+    rows: list
+    T: int = 4
+    L: int = 20
+    ring: int = 32
+    fold_every: bool = False
+    null: int = 0
+    pad_below: bool = False
+    layers: int = 1
+    H: int = 1
+    G: int = 2
+    K: int = 32
+    residual: bool = False
+    track: bool = False
+    seed: int = 0
+
+    @property
+    def HV(self) -> int:
+        return self.H * self.G
+
+
+def _indices(case: CommitCase):
+    """(state index, replay index, track index) per row, the number of slots; live rows get distinct
+    indices > null, in different permutations (so checkpoint and ring keys differ), track rows a spare
+    state slot of their own; pad rows null (or null - 1) for the state index and an unused replay slot
+    whose cursors say 'flush' (so a pad row that is not skipped shows)."""
+    rnd = random.Random(case.seed * 1009 + 7)
+    n = len(case.rows)
+    first = max(case.null + 1, 1)
+    nslots = first + 2 * n + 2
+    pad = case.null - 1 if case.pad_below else case.null
+    st_pool = list(range(first, nslots))
+    rp_pool = list(range(first, nslots))
+    rnd.shuffle(st_pool)
+    rnd.shuffle(rp_pool)
+    sidx, ridx, tidx = [], [], []
+    for row in case.rows:
+        rp = rp_pool.pop()
+        if row.live:
+            sidx.append(st_pool.pop())
+        else:
+            sidx.append(pad)
+        ridx.append(rp)
+        tidx.append(st_pool.pop() if row.track_step >= 0 else case.null)
+    return sidx, ridx, tidx, nslots
+
+
+def _cursor_tables(case: CommitCase, ridx, nslots, *, spec_pads: bool):
+    """write_pos / cache_base / is_flush over nslots replay slots: the rows' cursors at their slots,
+    random values elsewhere (slot 0 and the other unused slots say flush=1 half of the time)."""
+    rnd = random.Random(case.seed * 31 + 3)
+    wp = [rnd.randint(0, case.ring) for _ in range(nslots)]
+    base = [rnd.randrange(case.ring) for _ in range(nslots)]
+    fl = [rnd.randint(0, 1) for _ in range(nslots)]
+    for row, r in zip(case.rows, ridx):
+        if row.live or not spec_pads:
+            wp[r], base[r], fl[r] = row.wp, row.base, int(row.flush)
+        if not row.live and not spec_pads:
+            fl[r] = 1  # a capacity slot: a pad row that were not skipped would fold and reset it
+    return wp, base, fl
+
+
+def _snapshot(bufs: dict) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in bufs.items() if v is not None}
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.uint8)
+
+
+def _untouched(name: str, before: dict, after: dict, skip: set, F: list, case, clause: str = "M8"):
+    """Every buffer but the named ones keeps its bits; returns nothing, appends findings."""
+    for k, b in before.items():
+        if k in skip:
+            continue
+        a = after[k]
+        if not torch.equal(_bits(a), _bits(b)):
+            where = (a.view(-1).view(torch.uint8) != b.view(-1).view(torch.uint8)).nonzero().flatten()[:4].tolist()
+            F.append(Finding(f"commit.{name}.untouched", clause, f"{k} changed (first changed bytes {where}); {case}",
+                             outcome="bits differ"))
+
+
+def _commit_tolerance(u_io: float, u_ckpt: float, n: int, ring: int, gsum: float, io: torch.dtype) -> tuple[float, float]:
+    """(rtol of |terms|, atol per element unit) of commit_gdn_replayssm_circular's closed form.
+
+    C_FOLD u(ckpt): one rounding to the checkpoint dtype.  4 u(io)^2: the hi/lo split of d w into the
+    ring dtype (decode.py:729-734) leaves |x - hi - lo| <= u(io) |lo| <= u(io)^2 |x| (1 + u), twice (the
+    residual keys add one more product).  F32_UNIT (8 + log2 ring + 2 n (1 + sum|g|)): fp32 dot
+    accumulation over ring terms, exp, the final fma, and the fp32 cumsum of n gates whose absolute
+    error n 2^-24 sum|g| becomes a relative error of every weight e^(Gam - Gam_j).  atol (fp16 rings
+    only): d w below the fp16 subnormal range is lost, FP16_SUBNORMAL per record and unit |k|."""
+    rtol = C_FOLD * u_ckpt + 4 * u_io * u_io + F32_UNIT * (8 + math.log2(ring) + 2 * n * (1 + gsum))
+    atol = n * FP16_SUBNORMAL if io == torch.float16 else 0.0
+    return rtol, atol
+
+
+def _state_rows(name: str, ck_after: torch.Tensor, rows: dict, rtol_of, F: list, meas: dict, case):
+    """Compare the expected checkpoint rows {(layer, slot): (state, magnitude)}; return the mask of them."""
+    mask = torch.zeros(ck_after.shape[:2], dtype=torch.bool)
+    for (l, s), (want, mag) in rows.items():
+        mask[l, s] = True
+        got = ck_after[l, s].double()
+        if not bool(torch.isfinite(got).all()):
+            F.append(Finding(f"commit.{name}.state", "M7", f"checkpoint[{l}, {s}] not finite; {case}",
+                             outcome="non-finite"))
+            continue
+        rtol, atol = rtol_of((l, s))
+        r = float(((got - want).abs() / (rtol * mag + atol * (1 + mag.amax())).clamp_min(1e-300)).max())
+        meas[f"{name}_state_ratio"] = max(meas.get(f"{name}_state_ratio", 0.0), r)
+        rel = float(((got - want).abs() / mag.clamp_min(1e-300)).max())
+        meas[f"{name}_state_rel"] = max(meas.get(f"{name}_state_rel", 0.0), rel)
+        if not r <= 1.0:
+            F.append(Finding(f"commit.{name}.state", "M7", f"checkpoint[{l}, {s}] vs the float64 expectation; {case}",
+                             value=r, tol=1.0, outcome="out of tolerance", unit="error / (rtol |terms| + atol)"))
+    return mask
+
+
+def _i32(x, device):
+    return torch.tensor(x, dtype=torch.int32, device=device)
+
+
+def check_commit_spec(kernels, case: CommitCase, device: str = "cpu") -> tuple[list, dict]:
+    """commit_gdn_replayssm_spec on the case (pads: replay index <= null, decode.py:836)."""
+    F, meas = [], {}
+    name = "spec_fold_every" if case.fold_every else "spec"
+    _, ridx, _, nslots = _indices(case)
+    pad = case.null - 1 if case.pad_below else case.null
+    ridx = [r if row.live else pad for r, row in zip(ridx, case.rows)]
+    wp, base, fl = _cursor_tables(case, ridx, nslots, spec_pads=True)
+    acc = [row.accepted for row in case.rows]
+    want = tb.expect_commit_spec(wp, base, fl, acc, ridx, max_cache_len=case.L, max_spec_len=case.T,
+                                 fold_every_commit=case.fold_every, cache_buf_len=case.ring, null_block_id=case.null)
+    W, B, FL = _i32(wp, device), _i32(base, device), torch.tensor(fl, dtype=torch.int8, device=device)
+    kernels.commit_spec(W, B, FL, _i32(acc, device), _i32(ridx, device), max_cache_len=case.L, max_spec_len=case.T,
+                        fold_every_commit=case.fold_every, cache_buf_len=case.ring, null_block_id=case.null)
+    got = (W.cpu().tolist(), B.cpu().tolist(), FL.cpu().tolist())
+    for nm, g, w in zip(("write_pos", "cache_base", "is_flush"), got, want):
+        if g != w:
+            bad = [i for i in range(nslots) if g[i] != w[i]]
+            F.append(Finding(f"commit.{name}.cursors", "C3", f"{nm} of replay slots {bad}: {[g[i] for i in bad]} != "
+                             f"expected {[w[i] for i in bad]}; {case}", outcome="wrong value"))
+    for row, r in zip(case.rows, ridx):
+        if not row.live:
+            continue
+        w2, f2 = got[0][r], got[2][r]
+        ok = (w2 <= case.T and f2 == int(w2 > 0)) if case.fold_every else \
+            (w2 + case.T <= case.L and f2 == int(w2 + 2 * case.T > case.L))
+        if not ok:
+            F.append(Finding(f"commit.{name}.invariant", "C4", f"replay slot {r}: wp'={w2}, is_flush'={f2} leaves the "
+                             f"reachable set (T={case.T}, L={case.L}); {case}", outcome="wrong value"))
+    meas["spec_calls" if not case.fold_every else "spec_fold_every_calls"] = 1
+    return F, meas
+
+
+def _ring_buffers(case: CommitCase, nslots: int, io, ckpt, device, raw: bool):
+    gen = torch.Generator().manual_seed(case.seed * 7 + 11)
+    Lr, HV, H, K, nl = case.ring, case.HV, case.H, case.K, case.layers
+    r = lambda *sh: torch.randn(*sh, generator=gen)  # noqa: E731
+    bufs = dict(ckpt=r(nl, nslots, HV, K, K).to(ckpt),
+                g=(-torch.rand(nl, nslots, HV, Lr, generator=gen) * 4).float())
+    if raw:
+        bufs.update(rawv=r(nl, nslots, HV, Lr, K).to(io), rawk=r(nl, nslots, H, Lr, K).to(io),
+                    beta=torch.rand(nl, nslots, HV, Lr, generator=gen).float())
+    else:
+        bufs.update(d=r(nl, nslots, HV, Lr, K).to(io), k=(r(nl, nslots, H, Lr, K) / math.sqrt(K)).to(io))
+        if case.residual:  # the low parts: a few io ulps of the high parts
+            bufs.update(d_res=(r(nl, nslots, HV, Lr, K) * 2**-9).to(io),
+                        k_res=(r(nl, nslots, H, Lr, K) * 2**-9 / math.sqrt(K)).to(io))
+    return {k: v.to(device) for k, v in bufs.items()}
+
+
+def check_commit_circular(kernels, case: CommitCase, io=torch.bfloat16, ckpt=torch.float32,
+                          device: str = "cpu") -> tuple[list, dict]:
+    """commit_gdn_replayssm_circular on the case (pads: ssm_state_indices <= null, decode.py:650, :798)."""
+    F, meas = [], {}
+    sidx, ridx, tidx, nslots = _indices(case)
+    wp, base, fl = _cursor_tables(case, ridx, nslots, spec_pads=False)
+    bufs = _ring_buffers(case, nslots, io, ckpt, device, raw=False)
+    cur = dict(write_pos=_i32(wp, device), cache_base=_i32(base, device),
+               is_flush=torch.tensor(fl, dtype=torch.int8, device=device))
+    acc = _i32([row.accepted for row in case.rows], device)
+    kw = dict(checkpoint_state=bufs["ckpt"], d_cache=bufs["d"], k_cache=bufs["k"], g_cache=bufs["g"],
+              d_residual_cache=bufs.get("d_res"), k_residual_cache=bufs.get("k_res"),
+              state_batch_indices=_i32(sidx, device), replay_indices=_i32(ridx, device), accept_lens=acc,
+              null_block_id=case.null, **cur)
+    if case.track:
+        kw.update(mamba_track_indices=_i32(tidx, device),
+                  mamba_steps_to_track=_i32([row.track_step for row in case.rows], device))
+    want = tb.expect_commit_circular(**kw)
+    before = _snapshot({**bufs, **cur})
+    kernels.commit_circular(**kw)
+    after = _snapshot({**bufs, **cur})
+    for nm in ("write_pos", "cache_base", "is_flush"):
+        g = after[nm].tolist()
+        if g != want[nm]:
+            bad = [i for i in range(nslots) if g[i] != want[nm][i]]
+            F.append(Finding("commit.circular.cursors", "C3", f"{nm} of replay slots {bad}: {[g[i] for i in bad]} != "
+                             f"expected {[want[nm][i] for i in bad]}; {case}", outcome="wrong value"))
+    for row, r in zip(case.rows, ridx):
+        if row.live and row.flush and (after["write_pos"][r] != 0 or after["is_flush"][r] != 0):
+            F.append(Finding("commit.circular.invariant", "C4", f"capacity row's replay slot {r} keeps a window after "
+                             f"materialization; {case}", outcome="wrong value"))
+    u_io, u_ck = unit_roundoff(io), unit_roundoff(ckpt)
+    g_cpu = before["g"].double()
+
+    def rtol_of(key):
+        l, s = key
+        b = [i for i in range(len(case.rows)) if sidx[i] == s or tidx[i] == s][0]
+        r = ridx[b]
+        n = min(wp[r], case.ring)
+        slots = [(base[r] + j) & (case.ring - 1) for j in range(n)]
+        gsum = float(g_cpu[l, r][:, slots].abs().sum(-1).max()) if n else 0.0
+        return _commit_tolerance(u_io, u_ck, n, case.ring, gsum, io)
+
+    mask = _state_rows("circular", after["ckpt"], want["rows"], rtol_of, F, meas, case)
+    ck_b, ck_a = before["ckpt"], after["ckpt"]
+    if not torch.equal(_bits(ck_a[~mask]), _bits(ck_b[~mask])):
+        F.append(Finding("commit.circular.untouched", "M8", f"checkpoint rows outside the fold / track rows "
+                         f"{sorted(want['rows'])} changed; {case}", outcome="bits differ"))
+    _untouched("circular", before, after, {"ckpt", "write_pos", "cache_base", "is_flush"}, F, case)
+    meas["circular_rows_written"] = len(want["rows"])
+    return F, meas
+
+
+def check_fold_all_layers(kernels, case: CommitCase, io=torch.bfloat16, ckpt=torch.float32,
+                          device: str = "cpu") -> tuple[list, dict]:
+    """commit_gdn_replayssm_fold_all_layers on the case (pads: ssm_state_indices <= null, fold.py:68).  It
+    takes no cursors: the rows' wp / base / flush are unused; accepted is the fold length."""
+    F, meas = [], {}
+    sidx, _, tidx, nslots = _indices(case)
+    bufs = _ring_buffers(case, nslots, io, ckpt, device, raw=True)
+    args = (bufs["ckpt"], bufs["rawv"], bufs["rawk"], bufs["g"], bufs["beta"], _i32(sidx, device),
+            _i32([row.accepted for row in case.rows], device))
+    kw = dict(null_block_id=case.null)
+    if case.track:
+        kw.update(mamba_track_indices=_i32(tidx, device),
+                  mamba_steps_to_track=_i32([row.track_step for row in case.rows], device))
+    want = tb.expect_fold_all_layers(*args, num_k_heads=case.H, **kw)
+    before = _snapshot(bufs)
+    kernels.fold_all_layers(*args, max_cache_len=case.ring, num_k_heads=case.H, **kw)
+    after = _snapshot(bufs)
+    u_ck = unit_roundoff(ckpt)
+    n_of = {}
+    for i, row in enumerate(case.rows):
+        n_of[sidx[i]] = row.accepted
+        n_of[tidx[i]] = row.track_step + 1
+
+    def rtol_of(key):
+        return exact_fold_rtol(u_ck, max(n_of.get(key[1], case.T), 1), case.K), 0.0
+
+    mask = _state_rows("fold", after["ckpt"], want, rtol_of, F, meas, case)
+    if not torch.equal(_bits(after["ckpt"][~mask]), _bits(before["ckpt"][~mask])):
+        F.append(Finding("commit.fold.untouched", "M8", f"checkpoint rows outside the folded / track rows "
+                         f"{sorted(want)} changed; {case}", outcome="bits differ"))
+    _untouched("fold", before, after, {"ckpt"}, F, case)
+    meas["fold_rows_written"] = len(want)
+    return F, meas
+
+
+def draw_commit_case(rnd: random.Random, kind: str, T: int, *, ring: int = 32) -> CommitCase:
+    """A random CommitCase from the same domain as the Hypothesis strategies of tests/test_triton_baseline.py.
+
+    kind: spec | spec_fold_every | circular | fold.  Reachable cursors: spec: wp in [0, L - T] with
+    is_flush = (wp + 2T > L), accepted in [0, T]; fold_every: wp in [0, T], is_flush = (wp > 0); circular:
+    wp in [0, ring] (already including accepted <= min(T, wp)), any flag, track step < accepted; fold:
+    accepted in [0, T] (fold length), track step in [-1, T)."""
+    n = rnd.randint(1, 4)
+    L = rnd.randint(2 * T, ring)
+    rows = []
+    for _ in range(n):
+        live = rnd.random() < 0.8
+        if kind == "spec":
+            wp = rnd.randint(0, L - T)
+            rows.append(CommitRow(live, wp, rnd.randrange(ring), wp + 2 * T > L, rnd.randint(0, T)))
+        elif kind == "spec_fold_every":
+            wp = rnd.randint(0, T)
+            rows.append(CommitRow(live, wp, rnd.randrange(ring), wp > 0, rnd.randint(0, T)))
+        elif kind == "circular":
+            wp = rnd.randint(0, ring)
+            acc = rnd.randint(0, min(T, wp))
+            rows.append(CommitRow(live, wp, rnd.randrange(ring), rnd.random() < 0.5, acc,
+                                  rnd.randint(-1, acc - 1) if acc else -1))
+        else:
+            rows.append(CommitRow(live, accepted=rnd.randint(0, T), track_step=rnd.randint(-1, T - 1)))
+    null = 0 if kind.startswith("spec") else rnd.choice([-1, 0])
+    H = rnd.choice([1, 2])
+    return CommitCase(rows, T=T, L=L, ring=ring, fold_every=(kind == "spec_fold_every"), null=null,
+                      pad_below=rnd.random() < 0.3, layers=rnd.choice([1, 2]), H=H, G=rnd.choice([1, 2]),
+                      residual=kind == "circular" and rnd.random() < 0.5,
+                      track=kind in ("circular", "fold") and rnd.random() < 0.5, seed=rnd.randrange(2**16))
+
+
+COMMIT_KINDS = ("spec", "spec_fold_every", "circular", "fold")
+INTERP_BF16_DOT = ("the Triton interpreter's tl.dot on bf16 operands returns garbage (measured with Triton 3.9: "
+                   "|error| 2.8e10 on a 16x16 product; fp16 9.5e-7), and commit_gdn_replayssm_circular's closed "
+                   "form is two tl.dot per record tile in the ring dtype: run it with fp16 rings, or on the GPU")
+
+
+def run_commit_properties(kernels, *, T: int, cfg: str = "bf16-ckpt32", device: str = "cpu", seed: int = 0,
+                          cases: int = 4, K: int | None = None) -> dict:
+    """`cases` drawn calls of each commit entry point the kernels provide (COMMIT_KINDS).  Entry points
+    the kernels lack (TorchBaselineModel has only commit_spec) are listed under `skipped` with why."""
+    from gdn_fuzz.targets.triton_baseline import triton_io_ckpt
+
+    t0 = time.time()
+    io, ckpt = triton_io_ckpt(cfg)
+    K = K or (128 if str(device).startswith("cuda") else 32)
+    rnd = random.Random(seed * 7717 + T)
+    F, meas, skipped = [], {}, {}
+    for kind in COMMIT_KINDS:
+        fn = {"spec": "commit_spec", "spec_fold_every": "commit_spec", "circular": "commit_circular",
+              "fold": "fold_all_layers"}[kind]
+        if getattr(kernels, fn, None) is None:
+            skipped[kind] = f"{getattr(kernels, 'name', kernels)} has no {fn}"
+            continue
+        if kind == "circular" and getattr(kernels, "interpret", False) and io == torch.bfloat16:
+            skipped[kind] = INTERP_BF16_DOT
+            continue
+        for _ in range(cases):
+            c = draw_commit_case(rnd, kind, T, ring=rnd.choice([16, 32]) if kind != "spec" else rnd.choice([16, 32, 64]))
+            c.K = K
+            if kind.startswith("spec"):
+                f, m = check_commit_spec(kernels, c, device)
+            elif kind == "circular":
+                f, m = check_commit_circular(kernels, c, io, ckpt, device)
+            else:
+                f, m = check_fold_all_layers(kernels, c, io, ckpt, device)
+            F += f
+            for k_, v_ in m.items():
+                meas[k_] = max(meas.get(k_, 0), v_) if not k_.endswith(("calls", "written")) else meas.get(k_, 0) + v_
+    return dict(findings=[str(f) for f in F], measurements=meas, skipped=skipped, seconds=time.time() - t0)
+
+
+def pad_predicate_demo(kernels, *, device: str = "cpu", io=torch.float16, T: int = 4, K: int = 32,
+                       accepted: int = 3) -> dict:
+    """The known pad-row discrepancy, minimal case: one batch row, null_block_id = 0, one verify step
+    (gdn_replayssm_spec_decode, then commit_gdn_replayssm_spec), on fresh adapter buffers.
+
+    A: ssm_state_indices = [0], replay_indices = [1] (replay slot 1: wp = 0, base = 0, is_flush = 0).
+       The decode skips the row (decode.py:148: state index <= null; outputs zeroed, no appends);
+       the commit does not (decode.py:836 tests the replay index): write_pos[1] 0 -> accepted.
+    B: ssm_state_indices = [1], replay_indices = [0].  The decode verifies the row and appends its T
+       records to the rings of replay slot 0 (the null slot); the commit skips it: no cursor moves.
+    Returns per case: which buffers each kernel changed, whether the outputs are all zero, write_pos."""
+    out = {}
+    for label, (s, r) in (("A", (0, 1)), ("B", (1, 0))):
+        z = torch.zeros(2)
+        ad = TritonBaselineServing(kernels, n_requests=1, H=1, HV=2, K=K, V=K, T=T, A_log=z, dt_bias=z, io=io,
+                                   ckpt=torch.float32, device=device)
+        gen = torch.Generator().manual_seed(5)
+        rn = lambda *sh: torch.randn(*sh, generator=gen).to(io).to(device)  # noqa: E731
+        q, k, v, a, b = rn(T, 1, K), rn(T, 1, K), rn(T, 2, K), rn(T, 2), rn(T, 2)
+        y = torch.full((T, 2, K), float("nan"), dtype=io, device=device)
+        sidx, ridx = _i32([s], device), _i32([r], device)
+        b0 = _snapshot(ad.buffers())
+        kernels.spec_decode(q, k, v, a, b, ad.A_log, ad.dt_bias, ad.h0, ad.d_cache, ad.k_cache, ad.g_cache, ad.rawv,
+                            ad.rawk, ad.beta, y, _i32([0, T], device), sidx, ridx, ad.write_pos, ad.cache_base,
+                            ad.is_flush, max_cache_len=ad.ring, max_spec_len=T, null_block_id=0)
+        b1 = _snapshot(ad.buffers())
+        kernels.commit_spec(ad.write_pos, ad.cache_base, ad.is_flush, _i32([accepted], device), ridx,
+                            max_cache_len=ad.L, max_spec_len=T, cache_buf_len=ad.ring, null_block_id=0)
+        b2 = _snapshot(ad.buffers())
+        changed = lambda x, y_: sorted(n for n in x if not torch.equal(_bits(x[n]), _bits(y_[n])))  # noqa: E731
+        ring_slots = {n: sorted({int(i) for i in (b1[n] != b0[n]).nonzero()[:, 0]}) for n in changed(b0, b1)}
+        out[label] = dict(ssm_state_indices=s, replay_indices=r, accepted=accepted,
+                          decode_changed=changed(b0, b1), decode_ring_rows=ring_slots,
+                          decode_output_zero=bool((y == 0).all()), commit_changed=changed(b1, b2),
+                          write_pos_before=b1["write_pos"].tolist(), write_pos_after=b2["write_pos"].tolist())
+    return out
 
 # ------------------------------------------------------------------ command line

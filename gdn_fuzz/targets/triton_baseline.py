@@ -228,12 +228,52 @@ def load_kernels(interpret: bool | None = None) -> TritonKernels:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = saved
+        fold_all = getattr(fold, "commit_gdn_replayssm_fold_all_layers", None)
+        if fold_all is not None and interpret:
+            fold_all = _interpreted_loop_index(fold_all)
         k = TritonKernels(spec_decode=dec.gdn_replayssm_spec_decode, commit_spec=dec.commit_gdn_replayssm_spec,
-                          commit_circular=dec.commit_gdn_replayssm_circular,
-                          fold_all_layers=getattr(fold, "commit_gdn_replayssm_fold_all_layers", None),
+                          commit_circular=dec.commit_gdn_replayssm_circular, fold_all_layers=fold_all,
                           source=src, interpret=interpret, name="triton-interpret" if interpret else "triton")
         _CACHE[key] = k
         return k
+
+
+def _interpreted_loop_index(fn):
+    """Run an interpreted kernel wrapper with its module's ``range`` yielding int32 tensors.
+
+    Compiled Triton gives a ``for t in range(0, n)`` loop with a runtime bound an int32 tensor as
+    induction variable, and ``gdn_replayssm_spec_fold.py`` (line 99) calls ``t.to(tl.int64)`` on it.
+    The interpreter (Triton 3.9) runs the plain Python loop, so ``t`` is an ``int`` and the call
+    raises AttributeError.  This wrapper installs, for the duration of the call only and only in
+    the module of the by-path import, a ``range`` that yields 0-d int32 interpreter tensors: the
+    value the compiled kernel sees.  Used only with interpret=True.
+    """
+    import functools
+
+    g = fn.__globals__
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kw):
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        def trange(*a):
+            for t in range(*a):
+                yield tl.tensor(TensorHandle(np.array(t, dtype=np.int32), tl.int32), tl.int32)
+
+        with _LOCK:
+            had, old = "range" in g, g.get("range")
+            g["range"] = trange
+            try:
+                return fn(*args, **kw)
+            finally:
+                if had:
+                    g["range"] = old
+                else:
+                    g.pop("range", None)
+
+    return wrapped
 
 
 def interpreter_unusable_reason() -> str | None:
@@ -353,6 +393,154 @@ class TorchBaselineModel:
             new_wp = acc if fl != 0 else wp + acc
             nxt = (new_wp > 0) if fold_every_commit else (new_wp + 2 * max_spec_len > max_cache_len)
             write_pos[blk], cache_base[blk], is_flush[blk] = new_wp, new_base, int(nxt)
+
+
+# ------------------------------------------------------------------ plain-Python expectations of the commit entry points
+# (issue 18).  Line numbers: SGLang 0.5.23, gdn_replayssm_spec_decode.py ("decode.py") and
+# gdn_replayssm_spec_fold.py ("fold.py").  Pad-row predicates differ between the entry points:
+#   decode (verify pass decode.py:148, flush pass :142, exact fold :535), commit_gdn_replayssm_circular
+#   (:650, :798) and the fold-every-commit fold (fold.py:68):   ssm_state_indices[b] <= null_block_id;
+#   commit_gdn_replayssm_spec (:836):                             replay_indices[b] <= null_block_id.
+# Defaults: null_block_id = 0 for the decode and commit_gdn_replayssm_spec (:1094, :1244), -1 for
+# commit_gdn_replayssm_circular and commit_gdn_replayssm_fold_all_layers (:1285, fold.py:158).
+
+
+def expect_commit_spec(write_pos, cache_base, is_flush, num_accepted, replay_indices, *, max_cache_len: int,
+                       max_spec_len: int, fold_every_commit: bool = False, cache_buf_len: int | None = None,
+                       null_block_id: int = 0) -> tuple[list, list, list]:
+    """``commit_gdn_replayssm_spec`` on Python ints: the new (write_pos, cache_base, is_flush) lists.
+
+    Per batch row with replay slot r > null_block_id (decode.py:836), from wp, base, f = the slot's
+    cursors and n = num_accepted[row]:
+      C3 flush row (f != 0): wp' = n, base' = (base + wp) & (cache_buf_len - 1)  -- SGLang slides the
+         base only when n > 0 (decode.py:846); with n = 0 the window is empty either way;
+      C3 verify row (f == 0): wp' = wp + n, base' = base;
+      next flag (decode.py:865-868): fold_every_commit: wp' > 0 (flush, i.e. fold, at every next step);
+         else the early-flush rule wp' + 2 max_spec_len > max_cache_len.
+    Rows with replay slot <= null_block_id write nothing; slots not in the batch keep their values.
+    """
+    wp, base, fl = [int(x) for x in write_pos], [int(x) for x in cache_base], [int(x) for x in is_flush]
+    buf = max_cache_len if cache_buf_len is None else cache_buf_len
+    for r, n in zip((int(x) for x in replay_indices), (int(x) for x in num_accepted)):
+        if r <= null_block_id:
+            continue
+        f = fl[r] != 0
+        new_wp = n if f else wp[r] + n
+        if f and n > 0:
+            base[r] = (base[r] + wp[r]) & (buf - 1)
+        wp[r] = new_wp
+        fl[r] = int(new_wp > 0) if fold_every_commit else int(new_wp + 2 * max_spec_len > max_cache_len)
+    return wp, base, fl
+
+
+def window_closed_form(S0, d, k, g, slots, n: int, G: int):
+    """M3 with per-token g: e^{Gam} S0 + sum_{j<n} e^{Gam - Gam_j} d_j k_j^T, Gam_j = g_0 + ... + g_j, Gam = Gam_{n-1}.
+
+    S0 [HV, V, K]; d [HV, ring, V]; k [H, ring, K]; g [HV, ring]; slots: the physical slot of each
+    logical record.  Returns (state, |terms| magnitude), float64 [HV, V, K]; n <= 0: (S0, |S0|).
+    """
+    S0 = S0.double()
+    if n <= 0:
+        return S0.clone(), S0.abs()
+    HV = S0.shape[0]
+    p = torch.as_tensor(slots[:n], dtype=torch.long)
+    kh = torch.arange(HV) // G
+    gw = g.double()[:, p]  # [HV, n]
+    pre = torch.cumsum(gw, 1)
+    tot = pre[:, -1:]
+    w = torch.exp(tot - pre)
+    dw, kw = d.double()[:, p], k.double()[kh][:, p]  # [HV, n, V], [HV, n, K]
+    e = torch.exp(tot)[..., None]  # [HV, 1, 1]
+    S = e * S0 + torch.einsum("hj,hjv,hjk->hvk", w, dw, kw)
+    M = e * S0.abs() + torch.einsum("hj,hjv,hjk->hvk", w, dw.abs(), kw.abs())
+    return S, M
+
+
+def expect_commit_circular(*, checkpoint_state, d_cache, k_cache, g_cache, d_residual_cache, k_residual_cache,
+                           state_batch_indices, replay_indices, write_pos, cache_base, is_flush, accept_lens,
+                           mamba_track_indices=None, mamba_steps_to_track=None, null_block_id: int = -1) -> dict:
+    """``commit_gdn_replayssm_circular`` (compact materialization, decode.py:1269) in float64.
+
+    checkpoint [layers, slots, HV, V, K]; d [layers, replay slots, HV, ring, V]; k [layers, replay slots,
+    H, ring, K]; g [layers, replay slots, HV, ring]; ring = d.shape[-2].  ``write_pos`` already includes
+    this step's accepted prefix (the wrapper's docstring).  Per batch row with s = state index >
+    null_block_id (decode.py:650, :798), r = replay index, n = write_pos[r]:
+      capacity row (is_flush[r] != 0): checkpoint[l, s] <- the window's M3 closed form over the n
+         records from base (d + d_residual, k + k_residual; per-token g prefix sums), every layer l;
+         cursors (decode.py:800-809): base' = (base + n) & (ring - 1), wp' = 0, is_flush' = 0 --
+         the C2 restart of the fused contract with f = is_flush (nothing left to accept: wp' = 0);
+      track row (track index t > null_block_id and step >= 0, decode.py:657-659): checkpoint[l, t] <- the
+         same closed form over the first n - accept_lens[b] + step + 1 records, from the checkpoint
+         as it was BEFORE this call (the kernel reads it once, decode.py:687);
+      every other row, and every buffer not named here, is untouched.
+    Returns dict(write_pos, cache_base, is_flush: lists; rows: {(layer, slot): (state float64, magnitude)}).
+    """
+    L_, _, HV = checkpoint_state.shape[:3]
+    H = k_cache.shape[2]
+    ring = d_cache.shape[-2]
+    G = HV // H
+    wp, base, fl = ([int(x) for x in t.cpu()] for t in (write_pos, cache_base, is_flush))
+    wp0, base0, fl0 = list(wp), list(base), list(fl)
+    cpu = lambda x: None if x is None else x.detach().cpu().double()  # noqa: E731
+    ck, d, k, g = cpu(checkpoint_state), cpu(d_cache), cpu(k_cache), cpu(g_cache)
+    if d_residual_cache is not None and k_residual_cache is not None:
+        d, k = d + cpu(d_residual_cache), k + cpu(k_residual_cache)
+    track = mamba_track_indices is not None and mamba_steps_to_track is not None
+    rows = {}
+    for b, (s, r) in enumerate(zip((int(x) for x in state_batch_indices.cpu()), (int(x) for x in replay_indices.cpu()))):
+        if s <= null_block_id:
+            continue
+        n = wp0[r]
+        slots = [(base0[r] + j) & (ring - 1) for j in range(ring)]
+        if fl0[r] != 0:
+            for l in range(L_):
+                rows[(l, s)] = window_closed_form(ck[l, s], d[l, r], k[l, r], g[l, r], slots, n, G)
+            base[r], wp[r], fl[r] = (base0[r] + n) & (ring - 1), 0, 0
+        if track:
+            t, step = int(mamba_track_indices[b]), int(mamba_steps_to_track[b])
+            if t > null_block_id and step >= 0:
+                m = min(n - int(accept_lens[b]) + step + 1, ring)
+                for l in range(L_):
+                    rows[(l, t)] = window_closed_form(ck[l, s], d[l, r], k[l, r], g[l, r], slots, m, G)
+    return dict(write_pos=wp, cache_base=base, is_flush=fl, rows=rows)
+
+
+def expect_fold_all_layers(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, ssm_state_indices,
+                           accept_lens, *, num_k_heads: int, mamba_track_indices=None, mamba_steps_to_track=None,
+                           use_qk_l2norm_in_kernel: bool = True, null_block_id: int = -1) -> dict:
+    """``commit_gdn_replayssm_fold_all_layers`` (fold.py:145) in float64: {(layer, slot): (state, magnitude)}.
+
+    No cursors: the rings are keyed by the state index itself and read at physical slots 0..n-1
+    (fold.py:98-103).  Per batch row with s = ssm_state_indices[b] > null_block_id (fold.py:68) and
+    n = accept_lens[b] > 0 (fold.py:71): checkpoint[l, s] <- the M4 recurrence (oracles.gdn.sequential)
+    of the raw records t < n (k L2-normalised, eps 1e-6 inside the root) from checkpoint[l, s]; with
+    a track index t_idx > null_block_id and step in [0, n): checkpoint[l, t_idx] <- the state after
+    record `step` (fold.py:130-140).  Magnitudes: oracles.gdn.sequential_magnitude.  Nothing else changes.
+    """
+    L_, _, HV = checkpoint_state.shape[:3]
+    kh = torch.arange(HV) // (HV // num_k_heads)
+    cpu = lambda x: x.detach().cpu().double()  # noqa: E731
+    ck, rv, rk, g, bt = (cpu(x) for x in (checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache))
+    track = mamba_track_indices is not None and mamba_steps_to_track is not None
+    rows = {}
+    for b, s in enumerate(int(x) for x in ssm_state_indices.cpu()):
+        n = int(accept_lens[b])
+        if s <= null_block_id or n <= 0:
+            continue
+        for l in range(L_):
+            kk = rk[l, s][kh][:, :n].transpose(0, 1)[None]  # [1, n, HV, K]
+            if use_qk_l2norm_in_kernel:
+                kk = _l2n(kk)
+            vv = rv[l, s][:, :n].transpose(0, 1)[None]
+            gw, bw = g[l, s][:, :n].T[None], bt[l, s][:, :n].T[None]
+            _, _, Ss = gdn_oracle.sequential(ck[l, s][None], kk, kk, vv, gw, bw, keep_states=True)
+            _, _, Ms = gdn_oracle.sequential_magnitude(ck[l, s][None].abs(), kk, kk, vv, gw, bw, keep_states=True)
+            rows[(l, s)] = (Ss[0, -1], Ms[0, -1])
+            if track:
+                t, step = int(mamba_track_indices[b]), int(mamba_steps_to_track[b])
+                if t > null_block_id and 0 <= step < n:
+                    rows[(l, t)] = (Ss[0, step], Ms[0, step])
+    return rows
 
 
 # ------------------------------------------------------------------ the serving adapter
@@ -546,4 +734,5 @@ TRITON_CONFIGS = ("bf16-ckpt32", "bf16-ckpt16", "fp16-ckpt32", "fp16-ckpt16")
 
 __all__ = ["TritonKernels", "TorchBaselineModel", "TritonBaselineServing", "load_kernels", "resolve_sglang_files",
            "interpreter_unusable_reason", "triton_missing_reason", "flush_min_of", "TRITON_CONFIGS",
-           "triton_io_ckpt"]
+           "triton_io_ckpt", "expect_commit_spec", "expect_commit_circular", "expect_fold_all_layers",
+           "window_closed_form"]
