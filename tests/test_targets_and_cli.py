@@ -187,9 +187,11 @@ def test_doctor_lists_the_kernels_around_the_fused_one(monkeypatch):
     from gdn_fuzz.engine import doctor
 
     out = "\n".join(doctor._siblings("cpu"))
-    assert "gated_delta_rule_mtp_ucache (verify-only sibling" in out and "driven by gdn_fuzz: no" in out
+    assert "gated_delta_rule_mtp_ucache (verify-only sibling" in out and "driven by gdn_fuzz: yes" in out
     assert "commit_gdn_replayssm_spec: driven" in out
-    assert "commit_gdn_replayssm_circular, the fold-every-commit variant" in out and "not driven yet" in out
+    assert "commit_gdn_replayssm_circular, commit_gdn_replayssm_spec(fold_every_commit=True) and " \
+           "commit_gdn_replayssm_fold_all_layers (gdn_replayssm_spec_fold.py): driven" in out
+    assert "commit_gdn_replayssm_fold_after_verify: not driven" in out
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == doctor.SIBLING else real(n, *a))
     assert "not installed" in doctor._siblings("cpu")[0]

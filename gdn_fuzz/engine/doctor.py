@@ -84,6 +84,8 @@ def _siblings(device: str) -> list[str]:
     out += [f"kernels of SGLang's Triton ReplaySSM baseline: {here}",
             f"  runs {runs}; this machine's device: {device}",
             "  gdn_replayssm_spec_decode, commit_gdn_replayssm_spec: driven (`gdn-fuzz triton`, docs/triton-baseline.md)",
-            "  commit_gdn_replayssm_circular, the fold-every-commit variant (gdn_replayssm_spec_fold.py): "
-            "not driven yet (issue 18)"]
+            "  commit_gdn_replayssm_circular, commit_gdn_replayssm_spec(fold_every_commit=True) and "
+            "commit_gdn_replayssm_fold_all_layers (gdn_replayssm_spec_fold.py): driven (`gdn-fuzz triton`, "
+            "tests/test_triton_baseline.py)",
+            "  commit_gdn_replayssm_fold_after_verify: not driven (it imports a module the released files lack)"]
     return out
