@@ -18,6 +18,9 @@ from ._cases import (  # noqa: F401
     LARGE_BUCKETS,
     NEEDS,
     POOL_SCALES,
+    QK_SCALES,
+    STATE_SCALES,
+    V_SCALES,
     buckets_for,
     cache_bases,
     case_events,
@@ -34,6 +37,7 @@ from ._cases import (  # noqa: F401
     switchable_hist_lens,
 )
 
-__all__ = ["BUCKETS", "CPU_BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "LARGE_BUCKETS", "NEEDS", "POOL_SCALES", "buckets_for", "cache_bases", "case_events", "cases",
+__all__ = ["BUCKETS", "CPU_BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "LARGE_BUCKETS", "NEEDS", "POOL_SCALES", "QK_SCALES", "STATE_SCALES", "V_SCALES",
+           "buckets_for", "cache_bases", "case_events", "cases",
            "flush_hist_lens", "flush_mins", "geometries_for", "hist_lens", "int32_slot", "pool_scale_of", "pool_scales_for", "regimes", "rows_for",
            "switchable_hist_lens"]

@@ -116,12 +116,14 @@ def test_report_counts_every_regime_and_bucket_value_per_property(tmp_path):
     """`report` on a real campaign record (two properties, buckets 4 and 8 of the reference's 4 8 16 64):
     one table per Regime field and one per bucket, a column per property; every menu value is a row,
     its counts are the record's, the menu values no example reached read 0 and are listed as not
-    explored (buckets 16 and 64 here; in a record cut to 3 examples, at least 4 of the 7 qk_scales)."""
+    explored (buckets 16 and 64 of a larger menu; in a record cut to 3 examples, at least 4 of the 7
+    qk_scales); the pool-scale table counts strategies.pool_scale_of per example."""
     import dataclasses
     from collections import Counter
 
     from gdn_fuzz.case import Regime
-    from gdn_fuzz.engine.report import bucket_menu, menu_tables, regime_menus
+    from gdn_fuzz.engine.report import bucket_menu, menu_tables, record_pool_scale, regime_menus
+    from gdn_fuzz.strategies import POOL_SCALES
 
     rec, js = tmp_path / "r.jsonl", tmp_path / "r.json"
     assert cli.main(["run", "--examples", "8", "--arms", "bf16", "--T", "4", "--no-corpus", "--no-isolate",
@@ -131,25 +133,32 @@ def test_report_counts_every_regime_and_bucket_value_per_property(tmp_path):
     assert {r["prop"] for r in recs} == {"launch", "params_inplace"}
     menus = regime_menus()
     assert set(menus) == {f.name for f in dataclasses.fields(Regime)}, "a Regime field without a report table"
-    assert bucket_menu(json.loads(js.read_text()))[0] == (4, 8, 16, 64)
+    camp = json.loads(js.read_text())
+    assert bucket_menu(camp) == ((4, 8), "the campaign's buckets")  # the run's --buckets, recorded
+    assert camp["pool_scales"] == list(POOL_SCALES)  # the CPU default (strategies.pool_scales_for)
     assert cli.main(["report", str(rec), "--campaign", str(js), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    for field in [*menus, "bucket"]:
-        title = field if field == "bucket" else f"regime.{field}"
+
+    def value(r, field):
+        return r["B"] if field == "bucket" else record_pool_scale(r) if field == "pool_scale" else r["regime"][field]
+
+    for field in [*menus, "bucket", "pool_scale"]:
+        title = field if field in ("bucket", "pool_scale") else f"regime.{field}"
         rows = _table(md, title)
-        menu = (4, 8, 16, 64) if field == "bucket" else menus[field]
+        menu = (4, 8) if field == "bucket" else ("small", *POOL_SCALES) if field == "pool_scale" else menus[field]
         labels = [f"{v:g}" if isinstance(v, float) else str(v) for v in menu]
         assert list(rows) == labels, (title, list(rows))  # every menu value, in menu order, nothing else
         for v, label in zip(menu, labels):
             got = {p: int(rows[label][p]) for p in ("launch", "params_inplace")}
             want = Counter(r["prop"] for r in recs
-                           if (r["B"] if field == "bucket" else r["regime"][field]) == v
-                           and isinstance(v, bool) == isinstance(r["B"] if field == "bucket" else r["regime"][field], bool))
+                           if value(r, field) == v and isinstance(v, bool) == isinstance(value(r, field), bool))
             assert got == {p: want.get(p, 0) for p in got}, (title, label, got, want)
             assert rows[label]["all"] == (str(sum(got.values())) if sum(got.values()) else "**0**")
-    missed = md.split("- **not explored** (no example): ", 1)[1].splitlines()[0]
+    assert (tmp_path / "rep" / "report.html").read_text().count("<table") >= len(menus) + 3
+    # a larger bucket menu than the run reached: its missing buckets are listed as not explored
+    md_more = "\n".join(menu_tables(recs, dict(camp, buckets=[4, 8, 16, 64])))
+    missed = md_more.split("- **not explored** (no example): ", 1)[1].splitlines()[0]
     assert "bucket = 16, 64" in missed, missed
-    assert (tmp_path / "rep" / "report.html").read_text().count("<table") >= len(menus) + 2
 
     md3 = "\n".join(menu_tables(recs[:3], json.loads(js.read_text())))  # the record cut to 3 examples
     seen = {r["regime"]["qk_scale"] for r in recs[:3]}

@@ -208,6 +208,7 @@ def cmd_run(args) -> int:
         console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
         rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
+                   buckets=list(camp.buckets), pool_scales=list(camp.pool_scales),
                    seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
                    structures=s.structures, seeds_per_example=args.seeds_per_example,
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -57,24 +57,24 @@ def coverage(recs: list[dict]) -> dict[str, Counter]:
 # ------------------------------------------------------------------ per-regime and per-bucket coverage
 
 # The value menus the strategies draw a Regime from (strategies.regimes; gdn_fuzz.case for the names).
-# The three scales are literals inside strategies.regimes(): taken from named constants there once it
-# has them (QK_SCALES, V_SCALES, STATE_SCALES), else these copies, which tests/test_targets_and_cli.py
-# checks against what the strategy draws.
-def _menu(name: str, fallback: tuple) -> tuple:
-    from gdn_fuzz import strategies
-
-    return tuple(getattr(strategies, name, fallback))
-
-
 def regime_menus() -> dict[str, tuple]:
     """Regime field -> the values the strategies draw it from, in menu order."""
     from gdn_fuzz.case import BETAS, DECAYS, HISTORIES, KEYS
+    from gdn_fuzz.strategies import QK_SCALES, STATE_SCALES, V_SCALES
 
-    return {"qk_scale": _menu("QK_SCALES", (1.0, 1e-3, 30.0, 1e-4, 3e-5, 1e-5, 1e-6)),
-            "v_scale": _menu("V_SCALES", (1.0, 1e-2, 8.0)),
-            "state_scale": _menu("STATE_SCALES", (0.1, 1.0, 1e-3)),
+    return {"qk_scale": QK_SCALES, "v_scale": V_SCALES, "state_scale": STATE_SCALES,
             "decay": tuple(DECAYS), "beta": tuple(BETAS), "keys": tuple(KEYS), "history": tuple(HISTORIES),
             "poison": (False, True)}
+
+
+def record_pool_scale(r: dict) -> str:
+    """strategies.pool_scale_of for a record (pool, HV, rows as [slot, P, base]): "int32" where a row
+    sits on a slot whose element offset is >= 2^31, "thousands" for a pool of >= 1,024 slots, else "small"."""
+    from gdn_fuzz.strategies import int32_slot
+
+    if any(slot >= int32_slot(r["HV"]) for slot, _, _ in r["rows"]):
+        return "int32"
+    return "thousands" if r["pool"] >= 1024 else "small"
 
 
 def bucket_menu(camp: dict) -> tuple[tuple, str]:
@@ -123,7 +123,8 @@ def menu_coverage(recs: list[dict], menus: dict[str, tuple], props: list[str] | 
     for field, menu in menus.items():
         counts: dict = {}
         for r in recs:
-            v = r["B"] if field == "bucket" else r["regime"][field]
+            v = (r["B"] if field == "bucket" else record_pool_scale(r) if field == "pool_scale"
+                 else r["regime"][field])
             key = next((m for m in menu if _same(m, v)), v)
             counts.setdefault(key, {}).setdefault(r["prop"], 0)
             counts[key][r["prop"]] += 1
@@ -148,17 +149,21 @@ def menu_tables(recs: list[dict], camp: dict) -> list[str]:
     menus = dict(regime_menus())
     buckets, source = bucket_menu(camp)
     menus["bucket"] = buckets
+    from gdn_fuzz.strategies import POOL_SCALES
+
+    menus["pool_scale"] = ("small", *POOL_SCALES)
     cov = menu_coverage(recs, menus, props)
     zero = unexplored(cov)
     md = ["## Coverage per regime and bucket", "",
           "Examples that reached each menu value, per property.  Every value of a menu is listed; "
           "**0** marks one that no example of the whole run reached.  Regime menus: strategies.regimes "
-          f"(gdn_fuzz.case.Regime); bucket menu: {source}; an example's bucket is its batch size B.", ""]
+          f"(gdn_fuzz.case.Regime); bucket menu: {source}; an example's bucket is its batch size B; "
+          "pool_scale: strategies.pool_scale_of (only the launch property draws the pool-scale regime).", ""]
     missed = [f"{f} = {', '.join(_fmt(v) for v in vs)}" for f, vs in zero.items() if vs]
     md.append("- **not explored** (no example): " + ("; ".join(missed) if missed else "none: every menu value was reached"))
     md.append("")
     for field, c in cov.items():
-        md += [f"### {'bucket' if field == 'bucket' else 'regime.' + field}", "",
+        md += [f"### {field if field in ('bucket', 'pool_scale') else 'regime.' + field}", "",
                "| value | " + " | ".join(c["props"]) + " | all |", "|---|" + "---|" * (len(c["props"]) + 1)]
         for v, on, per, n in c["rows"]:
             label = _fmt(v) + ("" if on else " (off menu)")
