@@ -158,10 +158,13 @@ def available(device: str) -> str | None:
 def fused_ring_to_flat(ring: torch.Tensor) -> torch.Tensor:
     """A fused-kernel ring ([pool, heads, 32, D] or g's [pool, HV, 32]) as the sibling's flat ring
     ([pool, heads, 16, ...]), for rows at cache_base 0: flat row j = ring slot (0 + j) & 31 = j.
-    A contiguous copy (the sibling asserts dense rings)."""
+    A copy with canonical row-major strides: the sibling compares every inner stride with the dense
+    one (_inner_dense, 2514-2525), size-1 dims included, and `.contiguous()` of the slice would keep
+    the 32-slot strides where pool and heads are 1 (torch calls that tensor contiguous already)."""
     if ring.shape[2] != RING_SLOTS:
         raise ValueError(f"expected a {RING_SLOTS}-slot ring in dim 2, got shape {tuple(ring.shape)}")
-    return ring[:, :, :FLAT_SLOTS].contiguous().clone()
+    flat = ring[:, :, :FLAT_SLOTS]
+    return torch.empty(flat.shape, dtype=flat.dtype, device=flat.device).copy_(flat)
 
 
 def flat_to_fused_ring(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
