@@ -239,9 +239,8 @@ class Case:
     def alloc_bytes(self) -> int:
         """Bytes of the pool and rings in their launch dtypes (what a device must hold for one copy)."""
         arm = self.arm_spec
-        size = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
         ring = self.pool * RING_SLOTS * (self.H * self.K + self.HV * self.V)
-        return self.pool_elements() * size(arm.state) + ring * size(arm.ring) + self.pool * self.HV * RING_SLOTS * 4
+        return self.pool_elements() * arm.state.itemsize + ring * arm.ring.itemsize + self.pool * self.HV * RING_SLOTS * 4
 
     def used_slots(self) -> list[int]:
         """The pool slots the case's rows sit on, in row order (pad rows left out)."""
@@ -539,7 +538,7 @@ def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
     if dev.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=dev)
     n = math.prod(shape)
-    buf = mmap.mmap(-1, max(n, 1) * torch.empty((), dtype=dtype).element_size())
+    buf = mmap.mmap(-1, max(n, 1) * dtype.itemsize)
     return torch.frombuffer(buf, dtype=dtype, count=max(n, 1))[:n].view(shape)
 
 
