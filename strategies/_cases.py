@@ -67,7 +67,7 @@ def pool_scales_for(device, geometries, arms) -> tuple[tuple, str | None]:
     from ..case import Case, Row
 
     dev = torch.device(device)
-    if dev.type != "cuda":
+    if dev.type != "cuda" or not torch.cuda.is_available():  # CPU: lazy zeros; no CUDA: the run fails on its own
         return POOL_SCALES, None
     need = max(Case(arm=a, T=4, H=H, HV=HV, pool=int32_slot(HV) + 3, rows=(Row(0),), seed=0).alloc_bytes()
                for a in arms for H, HV in geometries)

@@ -36,7 +36,7 @@ def test_parse_gpus():
 
 
 def test_child_argv_keeps_the_options():
-    args = argparse.Namespace(device=None, seed=5, round_examples=25, target="production", arms=["bf16"], T=[4],
+    args = argparse.Namespace(pool_scales=None, device=None, seed=5, round_examples=25, target="production", arms=["bf16"], T=[4],
                               buckets=[4, 8], seconds=30.0, examples=None, property=["launch"], no_isolate=False)
     argv = child_argv(args, 1, "/x/c.gpu1.json", None, "/x/corpus")
     s = " ".join(argv)
@@ -48,7 +48,7 @@ def test_workers_split_the_host_cores():
     """--gpus without --torch-threads: each worker gets cores / workers torch threads (at least 1), and
     child_argv carries the count; an explicit --torch-threads is kept."""
     assert [threads_per_worker(n, 16) for n in (1, 2, 4, 8, 32)] == [16, 8, 4, 2, 1]
-    args = argparse.Namespace(device=None, seed=0, round_examples=25, target=None, arms=None, T=[4], buckets=[4],
+    args = argparse.Namespace(pool_scales=None, device=None, seed=0, round_examples=25, target=None, arms=None, T=[4], buckets=[4],
                               seconds=1.0, examples=None, property=None, no_isolate=False, torch_threads=3)
     assert "--torch-threads 3" in " ".join(child_argv(args, 0, "/x/c.json", None, None))
 
@@ -136,7 +136,7 @@ def test_auto_without_gpus_uses_the_runs_own_cuda_device(monkeypatch, tmp_path):
 
 
 def test_child_argv_forwards_processes_and_seeds_per_example():
-    args = argparse.Namespace(device="cpu", seed=10, round_examples=25, target="reference", arms=None, T=[4, 8],
+    args = argparse.Namespace(pool_scales=None, device="cpu", seed=10, round_examples=25, target="reference", arms=None, T=[4, 8],
                               buckets=[4, 8], seconds=3.0, examples=None, property=None, no_isolate=True,
                               torch_threads=1, seeds_per_example=3, processes="4", warm_up=True)
     s = " ".join(child_argv(args, 3, "/x/c.cpu.p3.json", "/x/r.jsonl.cpu.p3", None))
