@@ -54,34 +54,54 @@ def _pin_gpu_for_xdist_worker() -> str | None:
 
 
 
-def _database():
-    """Local example database, layered over a shared read-only one when GDN_FUZZ_SHARED_DB is set.
+def _database(target: str = "reference", redis_url: str | None = None, redis_readonly: bool | None = None):
+    """Local example database, layered over the shared ones (gdn_fuzz.engine.shared_db).
 
     GDN_FUZZ_SHARED_DB=/mnt/shared/hypothesis: every runner replays what any runner found
     (copied there by CI), and writes its own new examples only locally.
+    GDN_FUZZ_REDIS_URL=redis://host:6379/0 (or --gdn-redis-url): Hypothesis' RedisExampleDatabase
+    under the local one, keys prefixed b"gdn_fuzz:<target>:"; read-write unless
+    GDN_FUZZ_REDIS_READONLY=1 (or --gdn-redis-readonly).  A Redis server that goes away costs one
+    warning: the run goes on with the local database.
     """
-    from hypothesis.database import (DirectoryBasedExampleDatabase, MultiplexedDatabase,
-                                     ReadOnlyDatabase)
+    from gdn_fuzz.engine.shared_db import example_database
 
-    local = DirectoryBasedExampleDatabase(os.environ.get("GDN_FUZZ_LOCAL_DB", ".hypothesis/examples"))
-    shared = os.environ.get("GDN_FUZZ_SHARED_DB")
-    if not shared:
-        return local
-    return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(shared)))
+    try:
+        return example_database(target, redis_url=redis_url, redis_readonly=redis_readonly)
+    except (ImportError, ValueError) as e:  # the redis package missing, a URL redis cannot parse
+        raise pytest.UsageError(f"gdn_fuzz shared example database: {e}") from None
 
 
-def register_profiles() -> None:
-    """The gdn_fuzz Hypothesis profiles: ci (deterministic, bounded), dev, nightly."""
+def _database_args(config) -> dict:
+    """register_profiles' database arguments from the --gdn-* options (None: the environment's).
+    The target (the Redis key namespace) is looked up only when Redis is in use: without
+    --gdn-target, default_target_name() asks torch about the GPU."""
+    url = config.getoption("--gdn-redis-url") or os.environ.get("GDN_FUZZ_REDIS_URL")
+    target = config.getoption("--gdn-target") or "reference"
+    if url and not config.getoption("--gdn-target"):
+        from gdn_fuzz.targets import default_target_name
+
+        target = default_target_name()
+    return dict(target=target, redis_url=url,
+                redis_readonly=True if config.getoption("--gdn-redis-readonly") else None)
+
+
+def register_profiles(target: str = "reference", redis_url: str | None = None,
+                      redis_readonly: bool | None = None) -> None:
+    """The gdn_fuzz Hypothesis profiles: ci (deterministic, bounded: no example database, as
+    derandomize implies), dev, nightly (the local database, layered over the shared ones)."""
+    db = _database(target, redis_url, redis_readonly)
     settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("dev", max_examples=15, deadline=None, database=_database(),
+    settings.register_profile("dev", max_examples=15, deadline=None, database=db,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.register_profile("nightly", max_examples=2000, deadline=None, stateful_step_count=250,
-                              database=_database(),
+                              database=db,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-GDN_OPTIONS = ("--gdn-target", "--gdn-arms", "--gdn-device", "--gdn-corpus", "--gdn-corpus-readonly")
+GDN_OPTIONS = ("--gdn-target", "--gdn-arms", "--gdn-device", "--gdn-corpus", "--gdn-corpus-readonly",
+               "--gdn-redis-url", "--gdn-redis-readonly")
 
 
 def gdn_session(config) -> bool:
@@ -106,6 +126,11 @@ def pytest_addoption(parser):
     g.addoption("--gdn-device", default=os.environ.get("GDN_FUZZ_DEVICE"), help="torch device")
     g.addoption("--gdn-corpus", default=None, help="regression corpus folder (default: $GDN_FUZZ_CORPUS or ./corpus)")
     g.addoption("--gdn-corpus-readonly", action="store_true", help="never write new corpus entries")
+    g.addoption("--gdn-redis-url", default=None,
+                help="shared Hypothesis example database on Redis, under the local one (dev and nightly "
+                     "profiles): redis://host:6379/0, rediss://..., unix:///path/redis.sock (env GDN_FUZZ_REDIS_URL)")
+    g.addoption("--gdn-redis-readonly", action="store_true",
+                help="replay the Redis examples, never write to Redis (env GDN_FUZZ_REDIS_READONLY=1)")
 
 
 _ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY", "GDN_FUZZ_PROCESSES")
@@ -116,7 +141,7 @@ def pytest_configure(config):
     config._gdn_pinned_gpu = None
     if gdn_session(config):
         config._gdn_pinned_gpu = _pin_gpu_for_xdist_worker()
-        register_profiles()
+        register_profiles(**_database_args(config))
         settings.load_profile(os.environ.get("GDN_FUZZ_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
         # the thread policy of gdn_fuzz suites: the CPU cases are small ([B <= 8, HV <= 8, 128, 128]);
         # intra-op threads only oversubscribe the cores xdist workers share (measured 10-50x slower
