@@ -310,8 +310,13 @@ def case_events(case: Case) -> list[str]:
 
 
 def pool_scale_of(case: Case) -> str:
-    """The pool-scale kind a case reached: "int32" (a row on a slot whose element offset is >= 2^31),
-    "thousands" (a pool of >= 1,024 slots), else "small"."""
-    if any(not r.pad and r.slot >= int32_slot(case.HV, case.V, case.K) for r in case.rows):
+    """The pool-scale kind a case reached (pool_scale_kind of its pool, HV and row slots)."""
+    return pool_scale_kind(case.pool, case.HV, [r.slot for r in case.rows], case.V, case.K)
+
+
+def pool_scale_kind(pool: int, HV: int, slots, V: int = 128, K: int = 128) -> str:
+    """"int32" (a row on a slot whose element offset is >= 2^31), "thousands" (a pool of >= 1,024
+    slots), else "small".  Pad rows (negative slots) count for nothing."""
+    if any(s >= int32_slot(HV, V, K) for s in slots):
         return "int32"
-    return "thousands" if case.pool >= 1024 else "small"
+    return "thousands" if pool >= 1024 else "small"

@@ -70,11 +70,9 @@ def regime_menus() -> dict[str, tuple]:
 def record_pool_scale(r: dict) -> str:
     """strategies.pool_scale_of for a record (pool, HV, rows as [slot, P, base]): "int32" where a row
     sits on a slot whose element offset is >= 2^31, "thousands" for a pool of >= 1,024 slots, else "small"."""
-    from gdn_fuzz.strategies import int32_slot
+    from gdn_fuzz.strategies import pool_scale_kind
 
-    if any(slot >= int32_slot(r["HV"]) for slot, _, _ in r["rows"]):
-        return "int32"
-    return "thousands" if r["pool"] >= 1024 else "small"
+    return pool_scale_kind(r["pool"], r["HV"], [slot for slot, _, _ in r["rows"]])
 
 
 def bucket_menu(camp: dict) -> tuple[tuple, str]:
