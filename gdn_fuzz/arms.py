@@ -60,6 +60,18 @@ def get_arm(name: str) -> Arm:
         raise ValueError(f"arm={name!r} is not a legal dtype arm; use one of {', '.join(ARM_NAMES)}") from None
 
 
+def parse_arms(values) -> tuple[str, ...]:
+    """Arm names from option values, each one name or several separated by commas ("bf16,fp16");
+    an unknown name raises ValueError listing the legal ones (get_arm)."""
+    arms = []
+    for v in values:
+        for name in v.split(","):
+            if name.strip():
+                get_arm(name.strip())
+                arms.append(name.strip())
+    return tuple(arms)
+
+
 def unit_roundoff(dtype: torch.dtype) -> float:
     """u = 2^-p for round-to-nearest with p significand bits (bf16: 2^-8, fp16: 2^-11, fp32: 2^-24)."""
     return {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}[dtype]

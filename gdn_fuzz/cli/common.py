@@ -6,7 +6,7 @@ import sys
 
 from rich.console import Console
 
-from gdn_fuzz.arms import ARM_NAMES, get_arm
+from gdn_fuzz.arms import ARM_NAMES, parse_arms  # noqa: F401  (parse_arms: used by the sub-commands)
 # exit codes of `gdn-fuzz run` (and replay), re-exported here: gdn_fuzz.engine.exits, documented in the README
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE  # noqa: F401
 from gdn_fuzz.targets import TargetUnavailable, default_target_name, get_target
@@ -18,16 +18,6 @@ def default_device(target) -> str:
     import torch
 
     return "cuda" if (target.needs_cuda or torch.cuda.is_available()) and torch.cuda.is_available() else "cpu"
-
-
-def parse_arms(values):
-    arms = []
-    for v in values:
-        for name in v.split(","):
-            if name.strip():
-                get_arm(name.strip())  # raises with the legal names
-                arms.append(name.strip())
-    return tuple(arms)
 
 
 def target_device_arms(args):

@@ -214,7 +214,8 @@ class Campaign:
     shrink: bool = True
     isolate: bool = False  # run checks in a worker process (gdn_fuzz.engine.isolation)
     corpus_dir: object = None  # write every finding here (gdn_fuzz.engine.corpus); None: do not write
-    record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`)
+    record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`); a path, or
+    # an object with write() and flush() (a fleet worker streams the lines to its driver: gdn_fuzz.engine.worker)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
     draws: str = "cpu"  # Case.draws of every drawn case ("cuda": bulk tensors from the CUDA generator)
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
@@ -235,12 +236,17 @@ class Campaign:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
         self._worker = None
-        self._records = open(self.record_path, "a") if self.record_path else None
+        if self.record_path is None or hasattr(self.record_path, "write"):
+            self._records = self.record_path
+        else:
+            self._records = open(self.record_path, "a")
         self._deadline = None  # (seconds, examples) of the running budget
         self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
         self._round_new: list = []  # signatures first seen in the running round
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
+        self._learned: dict = {}  # signature -> entry name, told by another thread (learn()), not yet in known
+        self._on_check = lambda prop, case: None  # run()'s on_check
         if self.isolate:
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads)
@@ -268,6 +274,8 @@ class Campaign:
             for T in self.Ts:
                 for H, HV in self.geometries:
                     for bucket in self.buckets:
+                        if self._stop_requested:  # request_stop() from another thread (a fleet worker's)
+                            raise KeyboardInterrupt
                         rows = tuple(Row(s, 0, rng.randrange(32)) for s in range(bucket))
                         self._check(prop, Case(arm=arm, T=T, H=H, HV=HV, pool=bucket, rows=rows,
                                                seed=rng.randrange(2**32), draws=self.draws))
@@ -399,6 +407,7 @@ class Campaign:
         self.stats.examples += 1
         self.stats.launches += 1
         on_example()
+        self._on_check(prop.name, case)
         found = self._check(prop, case)
         known, new = self.classify(found)
         for f in known:
@@ -444,20 +453,61 @@ class Campaign:
         self._record(f)
         on_finding(f)
 
+    def recheck(self, prop_name: str, case: Case, on_finding=lambda f: None) -> dict:
+        """Check one case in a fresh isolated worker process (whatever `isolate` says): the case a lost
+        fleet worker had in flight (gdn_fuzz.engine.fleet), which may be what killed it.  A new
+        signature is filed as a finding (unshrunk: the case is what was in flight) and given to
+        on_finding.  Returns {"outcome": "passed" | "failed", "signatures": [...], "new": [...]}."""
+        prop = get_property(prop_name)
+        with Worker(self.target.name, self.device, name="recheck", torch_threads=self.torch_threads) as w:
+            if self.launch_timeout_s is not None:
+                w.timeout_s = self.launch_timeout_s
+            found = w.check(prop.name, case)
+        known, new = self.classify(found)
+        sigs = sorted({f.signature() for f in found})
+        fresh = sorted({f.signature() for f in new})
+        for sig in fresh:
+            t = self.stats.elapsed
+            self._keep(CampaignFinding(prop.name, case, list(found), signature=sig, first_t=t,
+                                       first_examples=self.stats.examples, shrink_s=0.0, shrunk=False), on_finding)
+        for f in known:
+            if f.signature() in self.known:
+                self.known_hits[f.signature()] += 1
+        return dict(outcome="failed" if sigs else "passed", signatures=sigs, new=fresh)
+
+    def request_stop(self) -> None:
+        """Ask a running campaign to stop as a first Ctrl-C does (from any thread: a fleet worker's
+        control thread): at the next example or between rounds, failures seen so far are kept."""
+        self._stop_requested = True
+
+    def learn(self, known: dict) -> None:
+        """Signatures found elsewhere (another worker of a fleet: signature -> corpus entry name) to
+        treat as known from the next round on (from any thread).  A signature this campaign has seen
+        fail itself is left alone: it is being shrunk, or already found, here."""
+        self._learned.update(known)
+
+    def _absorb_learned(self) -> None:
+        while self._learned:
+            sig, name = self._learned.popitem()
+            if sig not in self._first and sig not in self.findings:
+                self.known.setdefault(sig, name)
+
     def run(self, *, seconds: float | None = None, examples: int | None = None, on_example=lambda: None,
-            on_finding=lambda f: None, on_first=lambda *a: None) -> "Campaign":
+            on_finding=lambda f: None, on_first=lambda *a: None, on_check=lambda prop, case: None) -> "Campaign":
         """Rounds over all properties until a budget is spent.
 
         on_first(signature, prop, case, findings, t, examples_before): the first failing example
         of a new signature, at once (before shrinking); on_finding(CampaignFinding): after it is
-        shrunk and stored.  KeyboardInterrupt stops the campaign; failures already seen are kept
-        (stored with their best case so far, shrunk=False) and `interrupted` is set.
+        shrunk and stored; on_check(prop name, case): right before each check (a fleet worker tells
+        its driver the case in flight).  KeyboardInterrupt or request_stop() stops the campaign;
+        failures already seen are kept (stored with their best case so far, shrunk=False) and
+        `interrupted` is set.
         """
         if seconds is None and examples is None:
             raise ValueError("give a budget: seconds=... or examples=... (both may be set; the first reached stops)")
         compiles0 = self._compiles()
         self._deadline = (seconds, examples)
-        self._stop_requested = False
+        self._on_check = on_check
         restore = self._catch_sigint()
         size = max(1, min(self.first_round_examples, self.round_examples))
         try:
@@ -467,6 +517,7 @@ class Campaign:
                         raise KeyboardInterrupt
                     if self.budget_spent():
                         return self
+                    self._absorb_learned()
                     t0 = self.stats.elapsed
                     found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first, n=size)
                     if prop.name in self.stats.per_property:
@@ -488,6 +539,8 @@ class Campaign:
         finally:
             restore()
             self._deadline = None
+            self._on_check = lambda prop, case: None
+            self._stop_requested = False  # this run's stop is spent (a later run() starts afresh)
             self.stats.compiles = self._compiles() - compiles0
             self.close()
 

@@ -138,11 +138,13 @@ def is_readonly() -> bool:
     return os.environ.get(READONLY_ENV, "").strip() not in ("", "0", "false", "no")
 
 
-def write(entry: Entry, directory: Path | None = None) -> tuple[Path, bool]:
-    """Store an entry atomically.  Returns (path, written); written is False for a duplicate."""
+def write(entry: Entry, directory: Path | None = None, replace: bool = False) -> tuple[Path, bool]:
+    """Store an entry atomically.  Returns (path, written); written is False for a duplicate (an entry
+    of the same identity is there already), unless `replace`: then it is written over, atomically (a
+    fleet's driver replacing the unshrunk case of a lost worker by a shrunk one, gdn_fuzz.engine.fleet)."""
     d = Path(directory) if directory is not None else default_dir()
     path = d / entry.filename()
-    if path.exists():
+    if path.exists() and not replace:
         return path, False
     if is_readonly() and d.resolve() == default_dir().resolve():
         raise PermissionError(f"corpus {d} is read-only ({READONLY_ENV} is set); new entry {path.name} not written:\n"
@@ -174,12 +176,20 @@ def read(path: Path) -> Entry:
         d = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorpusError(f"corpus entry {path}: unreadable or truncated JSON ({e}); delete it or restore it from git") from e
+    return from_dict(d, path)
+
+
+def from_dict(d, path: Path | None = None, where: str | None = None) -> Entry:
+    """An entry from its JSON data (what Entry.to_dict gives: a file's contents, or an entry a fleet
+    worker sent its driver), every field checked as read() checks a file; CorpusError names `where`
+    (default: the file `path`) and what is wrong."""
+    where = where or str(path)
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
         hint = ("entries of format 1 predate failure signatures: replay the case against its target and store "
                 "the signature it shows (gdn_fuzz.engine.corpus.make_entry), or delete the file"
                 if got == "gdn_fuzz.corpus/1" else "re-create it with this version or upgrade gdn_fuzz")
-        raise CorpusError(f"corpus entry {path}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; {hint}")
+        raise CorpusError(f"corpus entry {where}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; {hint}")
     try:
         case = Case.from_dict(d["case"])
         sig = d["signature"]
@@ -191,9 +201,9 @@ def read(path: Path) -> Entry:
                   reason=d.get("reason", ""), versions=d.get("versions", {}), date=d.get("date", ""), path=path,
                   launch=_read_launch(d.get("launch")))
     except (KeyError, TypeError, ValueError) as err:
-        raise CorpusError(f"corpus entry {path}: missing or malformed field ({type(err).__name__}: {err})") from err
+        raise CorpusError(f"corpus entry {where}: missing or malformed field ({type(err).__name__}: {err})") from err
     if e.status not in ("open", "guard"):
-        raise CorpusError(f"corpus entry {path}: status={e.status!r}; use 'open' or 'guard'")
+        raise CorpusError(f"corpus entry {where}: status={e.status!r}; use 'open' or 'guard'")
     return e
 
 
