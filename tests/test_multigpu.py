@@ -24,7 +24,9 @@ import pytest
 
 from gdn_fuzz.engine import corpus, multigpu
 from gdn_fuzz.cli import main
-from gdn_fuzz.engine.multigpu import auto_processes, child_argv, parse_gpus, parse_processes, threads_per_worker
+from gdn_fuzz.engine.fleet import plan, plan_shares
+from gdn_fuzz.engine.multigpu import auto_processes, parse_gpus, parse_processes, threads_per_worker
+from gdn_fuzz.engine.worker import WorkerSpec
 
 
 def test_parse_gpus():
@@ -35,22 +37,61 @@ def test_parse_gpus():
             parse_gpus(bad)
 
 
-def test_child_argv_keeps_the_options():
-    args = argparse.Namespace(pool_scales=None, device=None, seed=5, round_examples=25, target="production", arms=["bf16"], T=[4],
-                              buckets=[4, 8], seconds=30.0, examples=None, property=["launch"], no_isolate=False)
-    argv = child_argv(args, 1, "/x/c.gpu1.json", None, "/x/corpus")
-    s = " ".join(argv)
-    assert "--seed 6" in s and "--device cuda" in s and "--target production" in s and "--seconds 30.0" in s
-    assert "--corpus /x/corpus" in s and "--property launch" in s and "--gpus" not in s
+def _run_args(**kw):
+    """`gdn-fuzz run`'s parsed options, with kw set."""
+    from gdn_fuzz.cli import build_parser
+
+    args = build_parser().parse_args(["run"])
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_plan_keeps_the_options():
+    """fleet.plan: worker k gets seed + k, its label and GPU, and every option as given; buckets and pool
+    scales left to the worker (None) unless given; specs survive their JSON trip unchanged."""
+    args = _run_args(seed=5, target="production", arms=["bf16"], T=[4], buckets=[4, 8], seconds=30.0,
+                     property=["launch"], no_isolate=False, seeds_per_example=3, warm_up=True, launch_timeout=7.0,
+                     draws="cpu", fail_on_known=True, record="/x/r.jsonl")
+    specs = plan(args, target_name="production", device="cuda", labels=["gpu0.p0", "gpu1.p0"], gpus=["0", "1"],
+                 torch_threads=4, known={"sig": "e.json"})
+    assert [(s.label, s.gpu, s.seed, s.slot) for s in specs] == [("gpu0.p0", "0", 5, 0), ("gpu1.p0", "1", 6, 1)]
+    for s in specs:
+        assert (s.target, s.device, s.arms, s.properties, s.Ts, s.buckets, s.seconds) == (
+            "production", "cuda", ("bf16",), ("launch",), (4,), (4, 8), 30.0)
+        assert (s.seeds_per_example, s.warm_up, s.launch_timeout, s.draws, s.fail_on_known, s.record, s.isolate,
+                s.torch_threads, s.known) == (3, True, 7.0, "cpu", True, True, True, 4, {"sig": "e.json"})
+        assert WorkerSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    d = plan(_run_args(), target_name="reference", device="cpu", labels=["cpu.p0"])[0]
+    assert d.buckets is None and d.pool_scales is None and d.torch_threads is None and d.seeds_per_example == 1
+    with pytest.raises(ValueError, match="unknown fields.*same one on every host"):
+        WorkerSpec.from_dict(dict(d.to_dict(), from_the_future=1))
+
+
+def test_shares_cover_every_arm_and_property():
+    """plan_shares: arms split first, then properties; the first a*p workers cover every (arm, property) pair;
+    one worker gets everything; more workers than pairs repeat shares."""
+    arms, props = ("a1", "a2", "a3", "a4", "a5"), ("p1", "p2", "p3")
+    assert plan_shares(1, arms, props) == [(arms, props)]
+    assert plan_shares(2, arms, props) == [(("a1", "a3", "a5"), props), (("a2", "a4"), props)]
+    for n in range(1, 40):
+        shares = plan_shares(n, arms, props)
+        assert len(shares) == n
+        pairs = {(a, p) for sa, sp in shares for a in sa for p in sp}
+        assert pairs == {(a, p) for a in arms for p in props}, n
+    s10 = plan_shares(10, arms, props)  # 5 arm groups x 2 property groups
+    assert s10[0] == (("a1",), ("p1", "p3")) and s10[5] == (("a1",), ("p2",))
+    assert plan_shares(4, ("bf16",), ("launch",)) == [(("bf16",), ("launch",))] * 4
+    with pytest.raises(ValueError, match="n >= 1"):
+        plan_shares(0, arms, props)
 
 
 def test_workers_split_the_host_cores():
-    """--gpus without --torch-threads: each worker gets cores / workers torch threads (at least 1), and
-    child_argv carries the count; an explicit --torch-threads is kept."""
+    """Without --torch-threads each worker gets cores / workers torch threads (at least 1); an explicit
+    --torch-threads is kept."""
     assert [threads_per_worker(n, 16) for n in (1, 2, 4, 8, 32)] == [16, 8, 4, 2, 1]
-    args = argparse.Namespace(pool_scales=None, device=None, seed=0, round_examples=25, target=None, arms=None, T=[4], buckets=[4],
-                              seconds=1.0, examples=None, property=None, no_isolate=False, torch_threads=3)
-    assert "--torch-threads 3" in " ".join(child_argv(args, 0, "/x/c.json", None, None))
+    specs = plan(_run_args(torch_threads=3), target_name="reference", device="cpu", labels=["a", "b"])
+    assert [s.torch_threads for s in specs] == [3, 3]
 
 
 def test_two_workers_share_one_corpus(tmp_path):
@@ -63,22 +104,23 @@ def test_two_workers_share_one_corpus(tmp_path):
     assert rec["failed"] == [] and [w["gpu"] for w in rec["workers"]] == ["0", "1"]
     assert [w["cuda_visible_devices"] for w in rec["workers"]] == ["0", "1"]
     assert [w["seed"] for w in rec["workers"]] == [0, 1]
-    # each worker finds the planted bug: as a new finding, or as a known one when the other worker's
-    # corpus entry was there before it read the corpus (seen on the H200's busy 16-core host)
-    assert all(w["findings"] or w["known"] for w in rec["workers"]), "each worker finds the planted bug"
+    # the driver is the one corpus writer: the planted bug is stored once, whichever worker found it first,
+    # and the other is told it is known (or had found it too: then it is listed under found_by)
     assert any(w["findings"] for w in rec["workers"])
+    assert all(f["corpus_entry"] is None for w in rec["workers"] for f in w["findings"])  # workers never write
     stored = {p.name: corpus.read(p) for p in corpus.entries(cdir)}  # every entry whole and readable
-    reported = [f["corpus_entry"] for w in rec["workers"] for f in w["findings"]]
-    assert None not in reported and set(stored) == set(reported)  # nothing lost, nothing extra
-    # the entry is named by the failure's identity, so the same failure from both workers is one file
-    for name, e in stored.items():
-        assert name == e.filename()
+    merged = {f["signature"]: f for f in rec["findings"]}
+    assert set(stored) == {f["corpus_entry"] for f in merged.values()}  # nothing lost, nothing extra
+    assert sorted(w["signature"] for w in rec["corpus_writes"] if w["written"]) == sorted(merged)  # each once
+    for name, e in stored.items():  # the entry is named by the failure's identity
+        assert name == e.filename() and e.target == "mutant:fold_skipped"
+        assert merged[e.signature]["found_by"][0] == merged[e.signature]["worker"]
     assert rec["totals"]["examples"] == sum(w["examples"] for w in rec["workers"])
     assert rec["totals"]["structures"] == sum(w["structures"] for w in rec["workers"])
 
 
 def test_every_run_option_reaches_the_workers():
-    """A new `gdn-fuzz run` option must be carried by child_argv (or consumed by the parent)."""
+    """A new `gdn-fuzz run` option must be carried by fleet.plan (or consumed by the driver)."""
     from gdn_fuzz.cli import build_parser
     from gdn_fuzz.engine.multigpu import HANDLED_RUN_OPTIONS
 
@@ -126,28 +168,13 @@ def test_auto_without_gpus_uses_the_runs_own_cuda_device(monkeypatch, tmp_path):
     class SingleProcess(Exception):
         pass
 
-    def campaign(**kw):  # --processes 1 builds its campaign in this process: stop there
+    def campaign(*a, **kw):  # --processes 1 builds its campaign in this process: stop there
         raise SingleProcess
 
-    monkeypatch.setattr(run_cli, "Campaign", campaign)
+    monkeypatch.setattr(run_cli, "make_campaign", campaign)
     with pytest.raises(SingleProcess):
         main(["run", "--processes", "1", "--seconds", "30", "--no-corpus"])
     assert len(seen) == 1
-
-
-def test_child_argv_forwards_processes_and_seeds_per_example():
-    args = argparse.Namespace(pool_scales=None, device="cpu", seed=10, round_examples=25, target="reference", arms=None, T=[4, 8],
-                              buckets=[4, 8], seconds=3.0, examples=None, property=None, no_isolate=True,
-                              torch_threads=1, seeds_per_example=3, processes="4", warm_up=True)
-    s = " ".join(child_argv(args, 3, "/x/c.cpu.p3.json", "/x/r.jsonl.cpu.p3", None))
-    assert "--processes 1" in s and "--processes 4" not in s  # a child never starts children
-    for part in ("--seed 13", "--device cpu", "--seeds-per-example 3", "--torch-threads 1", "--no-isolate",
-                 "--warm-up", "--no-corpus", "--record /x/r.jsonl.cpu.p3", "--json /x/c.cpu.p3.json"):
-        assert part in s, part
-    args.seeds_per_example = 1
-    assert "--seeds-per-example" not in " ".join(child_argv(args, 0, "/x/c.json", None, None))
-    del args.seeds_per_example  # an args namespace from before the option: the default, 1
-    assert "--seeds-per-example" not in " ".join(child_argv(args, 0, "/x/c.json", None, None))
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
@@ -219,7 +246,7 @@ def test_a_stopped_parent_stops_and_reaps_its_children(tmp_path, sig, rc):
     try:
         deadline = time.monotonic() + 60
         logs = [tmp_path / f"camp.cpu.p{k}.log" for k in range(2)]
-        while time.monotonic() < deadline and not all(f.is_file() and "gdn-fuzz run: target=" in f.read_text()
+        while time.monotonic() < deadline and not all(f.is_file() and "gdn-fuzz worker cpu.p" in f.read_text()
                                                       for f in logs):
             time.sleep(0.1)
         tree = _children(p.pid)
@@ -271,3 +298,42 @@ def test_a_child_dies_with_its_killed_parent(tmp_path):
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the signals are POSIX")
+def test_a_killed_worker_loses_no_finding_and_is_restarted(tmp_path):
+    """The processes backend under the same fleet as --ray (tests/test_ray_fleet.py has the actor case):
+    SIGKILL of a child while it shrinks a failure; the driver stores the failure with its first failing case,
+    records the child's in-flight case, and starts a new child with the budget left that checks it first."""
+    from .planted import TWO_BUGS_B, slow_fold
+
+    target, cdir, jp = slow_fold(tmp_path), tmp_path / "corpus", tmp_path / "camp.json"
+    env = dict(os.environ, GDN_FUZZ_TEST_SLOW_S="0.5", PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "gdn_fuzz.cli", "run", "--gpus", "0", "--processes", "1", "--device",
+                          "cpu", "--target", str(target), "--arms", "bf16", "--T", "4", "--property", "launch",
+                          "--seconds", "20", "--corpus", str(cdir), "--json", str(jp)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    seen = []
+    try:
+        pid = None
+        for line in p.stdout:
+            seen.append(line)
+            if pid is None and "worker gpu0.p0 started: pid" in line:
+                pid = int(line.split("pid ")[1].split()[0])
+            if pid is not None and line.startswith("failure " + TWO_BUGS_B):
+                os.kill(pid, signal.SIGKILL)
+                break
+        out = "".join(seen) + p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 1, out[-4000:]
+    rec = json.loads(jp.read_text())
+    (lost,) = rec["lost"]
+    assert lost["pid"] == pid and lost["cause"] == "killed by SIGKILL" and lost["shrinking"] == [TWO_BUGS_B]
+    assert lost["restarted"] and lost["inflight"]["prop"] == "launch" and lost["checked_again"]["by"] == "gpu0.p0"
+    (f,) = rec["findings"]
+    assert f["signature"] == TWO_BUGS_B and not f["shrunk"]
+    assert [corpus.read(x).signature for x in corpus.entries(cdir)] == [TWO_BUGS_B]
+    assert sorted(w["attempt"] for w in rec["workers"]) == [0, 1]
+    assert sorted(x.name for x in tmp_path.glob("camp.gpu0.p0*")) == ["camp.gpu0.p0.a1.json", "camp.gpu0.p0.log"]

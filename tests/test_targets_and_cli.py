@@ -189,6 +189,12 @@ def test_doctor_names_every_target(capsys):
     out = capsys.readouterr().out
     for name in ("target reference", "target production", "target sm100"):
         assert name in out
+    import importlib.metadata as md
+
+    try:
+        assert f"--ray: ray {md.version('ray')} installed" in out
+    except md.PackageNotFoundError:
+        assert "--ray: ray not installed (pip install 'gdn-fuzz[cluster]')" in out
 
 
 def test_doctor_lists_the_kernels_around_the_fused_one(monkeypatch):
@@ -299,7 +305,7 @@ def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
     assert again == case and again.draws == "cuda"
     assert "draws" not in Case(**{**case.__dict__, "draws": "cpu"}).to_dict()
     assert (draws_for("cpu"), draws_for("cuda"), draws_for("cuda:1")) == ("cpu", "cuda", "cuda")
-    from gdn_fuzz.cli.run import resolve_draws
+    from gdn_fuzz.engine.worker import resolve_draws
 
     assert [resolve_draws(d, dev) for d in ("auto", "device", "cpu") for dev in ("cpu", "cuda")] == \
         ["cpu", "cuda", "cpu", "cuda", "cpu", "cpu"]

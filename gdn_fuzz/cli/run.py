@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gdn_fuzz.arms import ARM_NAMES
-from gdn_fuzz.case import draws_for
-from gdn_fuzz.cli.common import (EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError,
-                                  console, parse_arms, target_device_arms)
+from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
-from gdn_fuzz.engine.campaign import Campaign
+from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, plan
 from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
+from gdn_fuzz.engine.raycluster import run_on_ray
 from gdn_fuzz.engine.reproducer import explain
-from gdn_fuzz.properties import REGISTRY, get_property
-from gdn_fuzz.strategies import POOL_SCALES, buckets_for, geometries_for, pool_scales_for
-
-
-def resolve_draws(draws: str, device: str) -> str:
-    """--draws auto|device -> Case.draws of the device ('cuda' on a CUDA device, else 'cpu'); cpu -> 'cpu'."""
-    return "cpu" if draws == "cpu" else draws_for(device)
+from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
+from gdn_fuzz.properties import REGISTRY
+from gdn_fuzz.strategies import POOL_SCALES
 
 
 def validate_run_args(args) -> None:
@@ -44,6 +38,14 @@ def validate_run_args(args) -> None:
         parse_processes(getattr(args, "processes", "auto"))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.restarts < 0:
+        raise UsageError(f"--restarts={args.restarts}: give a whole number >= 0 (restarts of one lost worker)")
+    if args.ray is not None and args.gpus:
+        raise UsageError(f"--ray {args.ray} with --gpus {args.gpus}: choose one (Ray places one worker per GPU of the "
+                         "cluster itself; --gpus is this host's GPUs without Ray)")
+    if args.ray is not None and not args.ray.strip():
+        raise UsageError("--ray '': give auto (the running cluster), local (a new one on this host) or an address "
+                         "(HOST:PORT or ray://HOST:10001)")
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
     for b in args.buckets or ():
@@ -66,6 +68,8 @@ def cmd_run(args) -> int:
     except UsageError as e:
         console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
         return EXIT_USAGE
+    if args.ray is not None:
+        return run_on_ray(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
     if args.gpus:
         try:
             return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
@@ -87,23 +91,13 @@ def cmd_run(args) -> int:
         console.print(f"[red]target {target} cannot be loaded:[/red] {type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}", markup=True)
         return EXIT_USAGE
-    props = [get_property(p) for p in (args.property or list(REGISTRY))]
-    geoms = geometries_for(target)
-    if args.pool_scales is None:
-        pool_scales, pool_note = pool_scales_for(device, geoms, arms)
-    else:
-        pool_scales, pool_note = tuple(k for k in args.pool_scales if k != "none"), None
-
     corpus_dir = None if args.no_corpus else (args.corpus or corpus.default_dir())
     if corpus_dir is not None:
         corpus.clean_stale_temps(corpus_dir)
     known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
-    camp = Campaign(target=target, device=device, properties=props, arms=arms, Ts=tuple(args.T),
-                    geometries=geoms, buckets=tuple(args.buckets or buckets_for(target)), seed=args.seed,
-                    round_examples=args.round_examples, isolate=not args.no_isolate, corpus_dir=corpus_dir,
-                    record_path=args.record, known=known, launch_timeout_s=args.launch_timeout,
-                    torch_threads=args.torch_threads, draws=resolve_draws(args.draws, device), seeds_per_example=args.seeds_per_example,
-                    pool_scales=pool_scales)
+    spec = plan(args, target_name=target.name, device=device, labels=["main"], known=known)[0]  # one worker: all
+    camp, pool_note = make_campaign(spec, target, corpus_dir=corpus_dir, record=args.record)
+    props = camp.properties
     seconds = args.seconds if args.seconds is not None else (None if args.examples else 60.0)
     # A Ctrl-C outside Campaign.run (which turns one into a clean stop): at start-up, in the warm-up or
     # between them.  It ends the run as an interrupted campaign (summary, record, exit 130), as one
@@ -207,26 +201,9 @@ def cmd_run(args) -> int:
     if camp.interrupted:
         console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
-        rec = dict(target=str(target), path=str(target.path), device=device, arms=list(arms), T=list(args.T),
-                   buckets=list(camp.buckets), pool_scales=list(camp.pool_scales),
-                   seed=args.seed, examples=s.examples, launches=s.launches, compiles=s.compiles,
-                   structures=s.structures, seeds_per_example=args.seeds_per_example,
-                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                   warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=seconds,
-                   budget_examples=args.examples, interrupted=camp.interrupted, per_property=s.per_property,
-                   seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   findings=[f.to_record() for f in camp.findings.values()],
-                   known=camp.known_summary(), machine_failures=dict(camp.env_failures),
-                   unconfirmed=camp.unconfirmed)
         with open(args.json, "w") as fh:
-            json.dump(rec, fh, indent=1)
-    if camp.interrupted:
-        return EXIT_INTERRUPTED
-    if camp.findings:
-        return EXIT_NEW
-    if camp.known_hits and args.fail_on_known:
-        return EXIT_KNOWN_ONLY
-    return EXIT_OK
+            json.dump(campaign_record(camp, spec, target, seconds), fh, indent=1)
+    return exit_status(camp, args.fail_on_known)
 
 
 def add_parser(sub) -> None:
@@ -286,4 +263,14 @@ def add_parser(sub) -> None:
                         "seed and cores / processes torch threads, one shared corpus, one summary; auto (default; "
                         "$GDN_FUZZ_PROCESSES sets another): 1 on a CPU device, on CUDA min(8, cores per GPU // 2) "
                         "(the campaign is bound by host CPU); 1 without --gpus: this process alone")
+    r.add_argument("--ray", metavar="auto|local|ADDRESS",
+                   help="run the campaign on a Ray cluster (pip install 'gdn-fuzz[cluster]'): one worker actor per GPU "
+                        "of the cluster (--processes N: N per GPU), CPU actors for a CPU device (--processes N in all; "
+                        "auto: the cluster's CPUs // 2); this process is the driver and the one corpus writer. auto: "
+                        "the running cluster ($RAY_ADDRESS or one started with `ray start`); local: a new cluster on "
+                        "this host for this run; or HOST:PORT / ray://HOST:10001.  docs/fleet.md")
+    r.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS,
+                   help="several workers (--processes N > 1, --gpus, --ray): restarts of a worker that dies (its "
+                        "in-flight case is recorded and checked again first), each with the budget it had left; "
+                        f"default {DEFAULT_RESTARTS}")
     r.set_defaults(func=cmd_run)

@@ -63,4 +63,16 @@ def two_bugs(tmpdir) -> Path:
     p = Path(tmpdir) / "two_bugs.py"
     p.write_text(TWO_BUGS.format(base=str(base)))
     return p
-__all__ = ["PLANTS", "Plant", "plant", "two_bugs", "TWO_BUGS_A", "TWO_BUGS_B"]
+# fold_skipped whose flush-row launches also sleep $GDN_FUZZ_TEST_SLOW_S seconds: shrinking its failure
+# takes long enough to kill a fleet worker in the middle of it (tests/test_ray_fleet.py, test_multigpu.py)
+SLOW_FOLD = Plant("slow_fold_skipped", "M7", "oracle.fold", CATALOGUE["fold_skipped"].old,
+                  "        __import__('time').sleep(float(__import__('os').environ.get('GDN_FUZZ_TEST_SLOW_S', '0')))",
+                  "fold_skipped, and every launch with a flush row sleeps $GDN_FUZZ_TEST_SLOW_S seconds")
+
+
+def slow_fold(tmpdir) -> Path:
+    """A target file with SLOW_FOLD's planted bug (signature TWO_BUGS_B)."""
+    return plant(SLOW_FOLD, tmpdir)
+
+
+__all__ = ["PLANTS", "Plant", "plant", "two_bugs", "slow_fold", "TWO_BUGS_A", "TWO_BUGS_B"]
