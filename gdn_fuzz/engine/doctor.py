@@ -52,6 +52,10 @@ def report() -> str:
         if why is not None and name == "production" and arms_ok:
             lines.append("  host checks (H1-H14) still run here: tests/test_host_checks.py")
     lines += _siblings(device)
+    ray = _version("ray")
+    lines.append("fleets: --processes N / --gpus here; --ray: " + (
+        f"ray {ray} installed (a cluster: `ray start --head`, then --ray auto; docs/fleet.md)" if ray != "not installed"
+        else "ray not installed (pip install 'gdn-fuzz[cluster]')"))
     return "\n".join(lines)
 
 
