@@ -20,6 +20,7 @@ xdist group: its tests share the cluster and run on one xdist worker.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -155,8 +156,8 @@ def test_ctrl_c_stops_every_actor_cleanly(ray_address, tmp_path):
                 "bf16", "--T", "4", "--seconds", "300", "--no-corpus", "--json", str(jp))
     lines: list = []
     try:
-        _read_until(p, r"worker ray0 started", lines)
-        _read_until(p, r"worker ray1 started", lines)
+        started = {_read_until(p, r"worker (ray\d) started", lines).group(1) for _ in range(2)}  # either order
+        assert started == {"ray0", "ray1"}, started
         time.sleep(3)
         os.kill(p.pid, signal.SIGINT)
         out = _finish(p, lines, timeout_s=120)
@@ -249,3 +250,52 @@ def test_one_actor_per_gpu_and_cpu_actors(monkeypatch):
     assert [x.arms for x in s["specs"]] == [("bf16",), ("fp16",), ("bf16",)]
     env_seen = _placed(monkeypatch, cpu, ["--examples", "5"])["backend"].options["runtime_env"]["env_vars"]
     assert all(k.startswith(("GDN_FUZZ_", "GDN_UCACHE_")) for k in env_seen)
+
+
+UNPLACEABLE = """
+import os, queue, sys
+from gdn_fuzz.engine.raycluster import RayBackend, _token_auth
+_token_auth(sys.argv[1])  # as the driver does: a token only where the cluster has one
+import ray
+from gdn_fuzz.engine.worker import WorkerSpec
+ray.init(address=sys.argv[1], log_to_driver=False)
+b = RayBackend(ray, num_gpus=1.0, start_timeout_s=3.0)  # the cluster has no GPU
+q = queue.Queue()
+b.start(WorkerSpec(label="ray0", target="reference", device="cuda", seed=0, arms=("bf16",),
+                   properties=("launch",), examples=1), q)
+print(q.get(timeout=60))
+b.close()
+"""
+
+
+def test_an_actor_that_cannot_be_placed_is_given_up(ray_address):
+    """An actor Ray cannot place (it asks for a GPU the cluster lacks) sends nothing: after start_timeout_s
+    the backend kills it and ends its stream as failed, with the reason (the fleet then counts the worker
+    as failed, exit 2, instead of restarting it)."""
+    p = subprocess.run([sys.executable, "-c", UNPLACEABLE, ray_address], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    ev = ast.literal_eval(p.stdout.strip().splitlines()[-1])  # the (label, attempt, event) printed
+    assert ev[0] == "ray0" and ev[2]["kind"] == "exit" and ev[2]["failed"], ev
+    assert "sent nothing in" in ev[2]["cause"] and "no free GPU" in ev[2]["cause"], ev
+
+
+def test_a_cluster_with_token_authentication(tmp_path):
+    """A head started where ~/.ray/auth_token exists (`ray get-auth-token --generate`) has token
+    authentication on, and a plain ray.init from that HOME is refused; `gdn-fuzz run --ray ADDRESS`
+    from the same HOME sends the token (raycluster._token_auth) and runs."""
+    home = tmp_path / "home"
+    env = dict(os.environ, HOME=str(home))
+    env.pop("RAY_AUTH_MODE", None)
+    gen = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert gen.returncode == 0 and (home / ".ray" / "auth_token").is_file(), gen.stderr[-2000:]
+    with raycluster.head_node(2, 0, log_path=tmp_path / "ray-start.log", env=env) as address:
+        assert "Token authentication is enabled" in (tmp_path / "ray-start.log").read_text()
+        plain = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r})"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert plain.returncode != 0  # the driver Ray makes by default sends no token
+        p = _driver("--ray", address, "--processes", "1", "--device", "cpu", "--target", "reference", "--arms",
+                    "bf16", "--T", "4", "--property", "launch", "--examples", "2", "--no-corpus", env=dict(HOME=str(home)))
+        out = _finish(p, [])
+    assert p.returncode == 0, out[-4000:]
+    assert "worker ray0 started" in out

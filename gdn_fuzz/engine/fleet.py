@@ -310,6 +310,10 @@ class Fleet:
         worker was lost: record it, keep what it had, restart it if it may."""
         if slot.done:
             return
+        if ev.get("failed"):  # the backend could not start it at all (Ray: no resources): no restart
+            slot.error, slot.done, slot.state = ev.get("cause") or "could not start", True, "failed"
+            self.console.print(f"[red]worker {slot.label} cannot run:[/red] {slot.error}", markup=True)
+            return
         p = slot.progress
         slot.used_s += float(p.get("elapsed", 0.0))
         slot.used_examples += int(p.get("examples", 0))
@@ -341,7 +345,8 @@ class Fleet:
                                      seed=slot.spec.seed, examples=p.get("examples", 0),
                                      structures=p.get("structures", 0), launches=p.get("launches", 0),
                                      compiles=p.get("compiles", 0), seconds=p.get("elapsed", 0.0),
-                                     findings=[], known=[], host=rec["host"], pid=rec["pid"]))
+                                     findings=[], known=[], host=rec["host"], pid=rec["pid"],
+                                     cuda_visible_devices=(slot.hello or {}).get("cuda_visible_devices")))
         restart = self._restart_spec(slot, rec)
         if restart is None:
             slot.done, slot.state = True, ("stopped" if self.stopping else "lost")

@@ -160,7 +160,7 @@ class RayBackend:
         self._threads.append(t)
 
     def _read(self, gen, label: str, attempt: int, events) -> None:
-        cause = None
+        cause, failed = None, False
         started = time.monotonic()
         first = True
         try:
@@ -171,6 +171,7 @@ class RayBackend:
                         cause = (f"the actor sent nothing in {time.monotonic() - started:.0f} s (the cluster may have no "
                                  f"free {'GPU' if self.options['num_gpus'] else 'CPU'} for it, or a node cannot import "
                                  "gdn_fuzz); given up")
+                        failed = True
                         self.kill(label)
                         break
                     first = False
@@ -182,7 +183,7 @@ class RayBackend:
                     events.put((label, attempt, ev))
         except self.ray.exceptions.RayError as e:  # the actor died, its node was lost
             cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
-        events.put((label, attempt, dict(kind="exit", code=None, cause=cause)))
+        events.put((label, attempt, dict(kind="exit", code=None, cause=cause, failed=failed)))
 
     def tell(self, label: str, msg: dict) -> None:
         a = self.actors.get(label)
@@ -247,9 +248,11 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 
 
 def _token_auth(how: str) -> None:
-    """Ray 2.60's `ray start` turns token authentication on by default, while a driver that connects
-    with ray.init(address=...) runs with RAY_AUTH_MODE 'disabled' and sends no token: the head answers
-    InvalidAuthToken (seen here, a cluster of this host's own `ray start`).  So when the user has not
+    """Ray 2.60's `ray start` turns token authentication on when a token is at hand (~/.ray/auth_token,
+    written by `ray get-auth-token --generate`, or $RAY_AUTH_TOKEN / $RAY_AUTH_TOKEN_PATH; without one it
+    warns that authentication is off), while a driver that connects with ray.init(address=...) runs with
+    RAY_AUTH_MODE 'disabled' and sends no token: the head refuses it (seen here, a cluster of this host's
+    own `ray start`: InvalidAuthToken, or "Failed to connect").  So when the user has not
     set RAY_AUTH_MODE and a token is at hand ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or the
     ~/.ray/auth_token that `ray start` writes), the driver sends it ('token'); a head without
     authentication accepts such a driver too (checked with Ray 2.60).  Ray reads the setting when it is
@@ -294,12 +297,14 @@ def connect(ray, how: str) -> dict:
 
 
 @contextlib.contextmanager
-def head_node(num_cpus: int, num_gpus: int | None = None, log_path=None, start_timeout_s: float = 120.0):
+def head_node(num_cpus: int, num_gpus: int | None = None, log_path=None, start_timeout_s: float = 120.0,
+              env: dict | None = None):
     """A real single-node Ray cluster on this host for the duration of the block: yields its address
     (127.0.0.1:PORT).  `ray start --head --block` in its own process group (no dashboard, no usage
     stats, a 100 MiB object store), stopped with SIGTERM (it drains the node and ends its processes),
     SIGKILL of the group after 60 s.  For tests, benchmarks and one-host GPU runs (tools/h200_fleet.sh);
-    a fleet's cluster is the user's own `ray start`."""
+    a fleet's cluster is the user's own `ray start`.  `env`: the environment of `ray start` (default
+    this process's; a HOME holding ~/.ray/auth_token gives a cluster with token authentication)."""
     import signal
     import subprocess
     import sys
@@ -315,7 +320,7 @@ def head_node(num_cpus: int, num_gpus: int | None = None, log_path=None, start_t
     if num_gpus is not None:
         argv += ["--num-gpus", str(num_gpus)]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + start_timeout_s
         while "Ray runtime started" not in open(log_path).read():
