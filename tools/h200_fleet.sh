@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 19 on a lent H200 host: `gdn-fuzz run --ray` with one actor per GPU, a planted kernel edit found
 # and stored once, and the throughput of one process / N processes / N Ray actors (benchmarks/fleet.py).
-#   bash tools/h200_fleet.sh setup suite     (first call: carries .gpu, unpacks it to /tmp/gdn; the GPU suite)
-#   bash tools/h200_fleet.sh ray gpu planted bench
+#   bash tools/h200_fleet.sh setup graphs suite     (first call: carries .gpu, unpacks it to /tmp/gdn; the GPU suite)
+#   bash tools/h200_fleet.sh ray gpu planted kill bench
 #                                            (next call, within 30 s, carrying .ray: tools/make-ray-bundle.sh)
 # Logs under $OUT/f/.  The committed corpus is copied to $OUT/f/corpus (its open production entries are the
 # known bugs); the planted edit's campaign writes to an empty $OUT/f/corpus-planted.
@@ -30,13 +30,20 @@ for step in "$@"; do
         mkdir -p /tmp/ray && xz -d -T0 < .ray/site.tar.xz | tar x -C /tmp/ray && echo "ray bundle unpacked to /tmp/ray"
       elif [ -d /tmp/ray/site ]; then echo "ray bundle already in /tmp/ray"
       else echo "no ray bundle: carry .ray (tools/make-ray-bundle.sh)"; exit 3; fi
+      chmod -R a+x /tmp/ray/site/ray/core  # a bundle built before make-ray-bundle.sh restored the modes
       python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || { cat "$R/install.log"; exit 3; }
       [ -d "$R/corpus" ] || cp -r corpus "$R/corpus"
       python3 -c "import ray; print('ray', ray.__version__)" > "$R/ray.txt" 2>&1; cat "$R/ray.txt" ;;
     suite)
-      timeout "${SUITE_S:-400}" python3 -m pytest tests -n "${SUITE_N:-6}" -p no:cacheprovider -q -rfEx \
+      timeout "${SUITE_S:-400}" python3 -m pytest tests -n "${SUITE_N:-6}" -p no:cacheprovider -v -rfEx \
         --gdn-target production --gdn-corpus "$R/corpus" --durations=10 > "$R/suite.txt" 2>&1
       echo "suite rc=$?" ;;
+    graphs)  # the CUDA-graph test alone, one process, GRAPH_RUNS times (it failed once inside the -n 6 suite)
+      for i in $(seq 1 "${GRAPH_RUNS:-3}"); do
+        timeout 300 python3 -m pytest tests/test_serving_harness.py -k cuda_graph_replay -p no:cacheprovider -q \
+          --tb=long --gdn-target production >> "$R/graphs.txt" 2>&1
+        echo "graphs run $i rc=$?" | tee -a "$R/graphs.txt"
+      done ;;
     gpu)  # one actor per GPU of a local cluster, the released kernel, the committed corpus's known bugs
       timeout $((S + 240)) gdn-fuzz run --ray local --target production --warm-up --seconds "$S" \
         --corpus "$R/corpus" --json "$R/gpu.json" > "$R/gpu.txt" 2>&1
@@ -47,6 +54,18 @@ for step in "$@"; do
         --arms bf16 --property launch --warm-up --seconds "$S" --corpus "$R/corpus-planted" \
         --json "$R/planted.json" > "$R/planted.txt" 2>&1
       echo "planted rc=$? (1: the edit was found)"; ls "$R/corpus-planted" ;;
+    kill)  # SIGKILL of the actor mid-run: its loss recorded with its in-flight case, a restart that rechecks it
+      timeout $((S + 240)) gdn-fuzz run --ray local --target production --seconds "${KILL_RUN_S:-45}" \
+        --corpus "$R/corpus" --json "$R/kill.json" > "$R/kill.txt" 2>&1 &
+      drv=$!
+      for _ in $(seq 1 240); do
+        pid=$(grep -m1 -o 'worker ray0 started: pid [0-9]*' "$R/kill.txt" 2>/dev/null | grep -o '[0-9]*$')
+        [ -n "$pid" ] && break; sleep 0.5
+      done
+      sleep "${KILL_AFTER_S:-20}"
+      echo "SIGKILL actor pid ${pid:-none} at $(( $(date +%s) - s )) s" | tee -a "$R/kill.txt"
+      [ -n "$pid" ] && kill -9 "$pid"
+      wait $drv; echo "kill rc=$? (0: nothing new, the worker restarted)" ;;
     bench)  # examples/s: one process, N processes, N actors (one cluster started by the benchmark)
       timeout 560 python3 benchmarks/fleet.py --device cuda --target production --seconds "${BENCH_S:-30}" \
         --actors ${ACTORS:-1 8} --cpus "$(nproc)" --out "$R/bench.json" > "$R/bench.txt" 2>&1

@@ -25,5 +25,10 @@ for w in "$work"/whl/*.whl; do python3 -m zipfile -e "$w" "$work/site/"; done
 # what the GPU image has already (torch's), or a campaign never imports
 rm -rf "$work"/site/ray/{jars,rllib,data,serve,train,tune,llm,dashboard/client} \
        "$work"/site/filelock* "$work"/site/typing_extensions* "$work"/site/*.dist-info/RECORD
+# `python -m zipfile` drops the modes the wheel records: raylet, gcs_server and the other binaries under
+# ray/core must be executable again (without this `ray start` fails with "Permission denied"), and the
+# console scripts under */bin too
+chmod -R a+x "$work"/site/ray/core
+find "$work"/site -path '*/bin/*' -type f -exec chmod a+x {} +
 (cd "$work" && tar c site | xz -9e -T0 > "$OUT/site.tar.xz")
 ls -l "$OUT/site.tar.xz"
