@@ -27,6 +27,7 @@ from gdn_fuzz.cli import main
 from gdn_fuzz.engine.fleet import plan, plan_shares
 from gdn_fuzz.engine.multigpu import auto_processes, parse_gpus, parse_processes, threads_per_worker
 from gdn_fuzz.engine.worker import WorkerSpec
+from .drivers import reaped
 
 
 def test_parse_gpus():
@@ -314,7 +315,7 @@ def test_a_killed_worker_loses_no_finding_and_is_restarted(tmp_path):
                           "--seconds", "20", "--corpus", str(cdir), "--json", str(jp)], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     seen = []
-    try:
+    with reaped(p):
         pid = None
         for line in p.stdout:
             seen.append(line)
@@ -324,9 +325,6 @@ def test_a_killed_worker_loses_no_finding_and_is_restarted(tmp_path):
                 os.kill(pid, signal.SIGKILL)
                 break
         out = "".join(seen) + p.communicate(timeout=120)[0]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 1, out[-4000:]
     rec = json.loads(jp.read_text())
     (lost,) = rec["lost"]

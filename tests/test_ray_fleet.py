@@ -35,6 +35,7 @@ import pytest
 from gdn_fuzz.engine import corpus, raycluster
 from gdn_fuzz.cli import main
 
+from .drivers import reaped
 from .planted import slow_fold
 
 pytestmark = pytest.mark.xdist_group("ray_cluster")
@@ -120,14 +121,11 @@ def test_killing_an_actor_loses_no_finding(ray_address, tmp_path):
                 "--arms", "bf16", "--T", "4", "--property", "launch", "--seconds", "25", "--corpus", str(cdir),
                 "--json", str(jp), env=dict(GDN_FUZZ_TEST_SLOW_S="0.5"))
     lines: list = []
-    try:
+    with reaped(p):
         pid = int(_read_until(p, r"worker ray0 started: pid (\d+)", lines).group(1))
         sig = _read_until(p, r"failure (.+?)  \(worker ray0", lines).group(1)
         os.kill(pid, signal.SIGKILL)  # shrinking: every flush-row launch takes 0.5 s
         out = _finish(p, lines)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 1, out[-4000:]
     rec = json.loads(jp.read_text())
     (lost,) = rec["lost"]
@@ -155,15 +153,12 @@ def test_ctrl_c_stops_every_actor_cleanly(ray_address, tmp_path):
     p = _driver("--ray", ray_address, "--processes", "2", "--device", "cpu", "--target", "reference", "--arms",
                 "bf16", "--T", "4", "--seconds", "300", "--no-corpus", "--json", str(jp))
     lines: list = []
-    try:
+    with reaped(p):
         started = {_read_until(p, r"worker (ray\d) started", lines).group(1) for _ in range(2)}  # either order
         assert started == {"ray0", "ray1"}, started
         time.sleep(3)
         os.kill(p.pid, signal.SIGINT)
         out = _finish(p, lines, timeout_s=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, out[-4000:]
     rec = json.loads(jp.read_text())
     assert rec["interrupted"] and rec["lost"] == [] and rec["failed"] == []
