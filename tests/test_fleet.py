@@ -174,7 +174,9 @@ def test_a_worker_that_cannot_start_is_failed_not_restarted(tmp_path):
 
     backend = Unplaced(None)
     assert _fleet(backend, _specs(1), tmp_path).run() == 2
-    assert len(backend.started) == 1
+    assert len(backend.started) == 1  # restarts (3 by default) are for lost workers
+    rec = json.loads((tmp_path / "run.json").read_text())
+    assert rec["failed"] == ["w0"] and rec["lost"] == []  # nothing ran: no lost record, no in-flight case
     assert "the actor sent nothing in 600 s" in (tmp_path / "out.txt").read_text()
 
 

@@ -288,7 +288,7 @@ def test_a_cluster_with_token_authentication(tmp_path):
         assert "Token authentication is enabled" in (tmp_path / "ray-start.log").read_text()
         plain = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r})"], env=env,
                                capture_output=True, text=True, timeout=120)
-        assert plain.returncode != 0  # the driver Ray makes by default sends no token
+        assert plain.returncode != 0 and "InvalidAuthToken" in plain.stderr, plain.stderr[-3000:]  # no token sent
         p = _driver("--ray", address, "--processes", "1", "--device", "cpu", "--target", "reference", "--arms",
                     "bf16", "--T", "4", "--property", "launch", "--examples", "2", "--no-corpus", env=dict(HOME=str(home)))
         out = _finish(p, [])

@@ -30,7 +30,6 @@ for step in "$@"; do
         mkdir -p /tmp/ray && xz -d -T0 < .ray/site.tar.xz | tar x -C /tmp/ray && echo "ray bundle unpacked to /tmp/ray"
       elif [ -d /tmp/ray/site ]; then echo "ray bundle already in /tmp/ray"
       else echo "no ray bundle: carry .ray (tools/make-ray-bundle.sh)"; exit 3; fi
-      chmod -R a+x /tmp/ray/site/ray/core  # a bundle built before make-ray-bundle.sh restored the modes
       python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || { cat "$R/install.log"; exit 3; }
       [ -d "$R/corpus" ] || cp -r corpus "$R/corpus"
       python3 -c "import ray; print('ray', ray.__version__)" > "$R/ray.txt" 2>&1; cat "$R/ray.txt" ;;

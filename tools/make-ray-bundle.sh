@@ -21,14 +21,21 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$work/whl" "ray==$RAY_VERSION"
 mkdir -p "$work/site"
-for w in "$work"/whl/*.whl; do python3 -m zipfile -e "$w" "$work/site/"; done
+# unpacked with the file modes the wheels record (`python -m zipfile -e` drops them: raylet and
+# gcs_server would not be executable, and `ray start` fails with "Permission denied")
+python3 - "$work/site" "$work"/whl/*.whl <<'PY'
+import os, sys, zipfile
+site = sys.argv[1]
+for whl in sys.argv[2:]:
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            path = z.extract(info, site)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                os.chmod(path, mode)
+PY
 # what the GPU image has already (torch's), or a campaign never imports
 rm -rf "$work"/site/ray/{jars,rllib,data,serve,train,tune,llm,dashboard/client} \
        "$work"/site/filelock* "$work"/site/typing_extensions* "$work"/site/*.dist-info/RECORD
-# `python -m zipfile` drops the modes the wheel records: raylet, gcs_server and the other binaries under
-# ray/core must be executable again (without this `ray start` fails with "Permission denied"), and the
-# console scripts under */bin too
-chmod -R a+x "$work"/site/ray/core
-find "$work"/site -path '*/bin/*' -type f -exec chmod a+x {} +
 (cd "$work" && tar c site | xz -9e -T0 > "$OUT/site.tar.xz")
 ls -l "$OUT/site.tar.xz"

@@ -248,15 +248,13 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 
 
 def _token_auth(how: str) -> None:
-    """Ray 2.60's `ray start` turns token authentication on when a token is at hand (~/.ray/auth_token,
-    written by `ray get-auth-token --generate`, or $RAY_AUTH_TOKEN / $RAY_AUTH_TOKEN_PATH; without one it
-    warns that authentication is off), while a driver that connects with ray.init(address=...) runs with
-    RAY_AUTH_MODE 'disabled' and sends no token: the head refuses it (seen here, a cluster of this host's
-    own `ray start`: InvalidAuthToken, or "Failed to connect").  So when the user has not
-    set RAY_AUTH_MODE and a token is at hand ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or the
-    ~/.ray/auth_token that `ray start` writes), the driver sends it ('token'); a head without
-    authentication accepts such a driver too (checked with Ray 2.60).  Ray reads the setting when it is
-    imported: call this first."""
+    """Ray 2.60's `ray start` turns token authentication on when a token is at hand ($RAY_AUTH_TOKEN,
+    $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token, which `ray get-auth-token --generate` writes; without one
+    it warns that authentication is off), while a driver that connects with ray.init(address=...) runs
+    with RAY_AUTH_MODE 'disabled' and sends no token: the head answers InvalidAuthToken (seen here, a
+    cluster of this host's own `ray start`).  So when the user has not set RAY_AUTH_MODE and such a token
+    is at hand, the driver sends it ('token'); a head without authentication accepts such a driver too
+    (checked with Ray 2.60).  Ray reads the setting when it is imported: call this first."""
     if how == "local" or "RAY_AUTH_MODE" in os.environ:
         return
     if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
