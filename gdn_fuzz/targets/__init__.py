@@ -10,10 +10,18 @@ Built-in names:
   reference   the torch implementation in this package (CPU or CUDA; the CI default)
   production  FlashInfer's fused CuTeDSL kernel: $GDN_FUZZ_KERNEL_MODULE=/path/to/file.py,
               else the installed flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache_flush
-  sm100       flashinfer.gdn_kernels.gdn_replay_mtp_umma (FlashInfer >= 0.7.3, B200 only)
+              (on an SM100 GPU, flashinfer-python 0.7.4 routes eligible calls to its UMMA backend, H19)
+  production@VERSION  that release's file of the same module, installed or fetched
+              (`gdn-fuzz release fetch VERSION`; gdn_fuzz.targets.releases.release_file)
+  sm100       the UMMA entry point flashinfer.gdn_kernels.gdn_replay_mtp_umma.gated_delta_rule_mtp_ucache_flush_umma
+              (flashinfer-python 0.7.4; launches on SM100-class GPUs only; fp16-state arm)
   mutant:NAME a catalogued bug (gdn_fuzz.targets.mutants) applied to a temporary copy of its base
 Any other value is taken as a path to a Python file (a user's kernel, an older version,
 a patched copy).
+
+Each target has a release model (Target.release: gdn_fuzz.targets.releases.detect, or the release
+given by get_target(name, release=...)): the host checks it is held to, its backends and the known
+bugs of each backend.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from gdn_fuzz.targets.loading import (  # noqa: F401  (re-exported: the public n
     load_module,
 )
 from gdn_fuzz.targets import kernel_store
+from gdn_fuzz.targets import releases
 from gdn_fuzz.targets.mutants import base_path, get_mutant, materialize_mutant
 
 __all__ = ["Target", "get_target", "default_target_name", "TargetUnavailable", "TargetMismatch", "ENTRY",
@@ -61,6 +70,43 @@ class Target:
     needs_cuda: bool = False
     min_sm: tuple[int, int] | None = None
     _compiles: dict = field(default_factory=dict)
+    model_entry: str = "flush"  # the release model's entry point this target runs ("flush" | "umma")
+    base: Path | None = None  # the file a mutant was made from: the release model is that file's
+    release_override: str | None = None  # a release version that models this target (else detected)
+    released: bool = False  # FlashInfer's own code (production, production@V, sm100): its known bugs apply
+
+    @property
+    def release(self) -> releases.Detected:
+        """The release model of this target (detected once; releases.detect)."""
+        got = self._compiles.get("__release__")
+        if got is None:
+            if self.release_override:
+                got = releases.Detected(releases.get_release(self.release_override),
+                                        f"chosen for target {self.name} (--release / {releases.RELEASE_ENV})", True)
+            else:
+                got = releases.detect(self.path, self.model_entry, base=self.base)
+            self._compiles["__release__"] = got
+        return got
+
+    def backend_for(self, arm: str, T: int, H: int, HV: int, device=None, contiguous: bool = True,
+                    pdl: bool = False) -> str | None:
+        """The backend a launch of this shape runs on (H19): 'umma' for the sm100 target; for the released
+        flush kernel 'umma' where an SM100-class GPU and the release's UMMA backend serve it, else 'hmma';
+        None for targets that are not FlashInfer's code."""
+        if not self.released:
+            return None
+        if self.model_entry == "umma":
+            return "umma"
+        rel = self.release.release
+        major = None
+        if device is not None and str(device).startswith("cuda"):
+            import torch
+
+            major = torch.cuda.get_device_capability(torch.device(device))[0]
+        for b in rel.backends:
+            if b.serves(arm, T, H, HV, major, contiguous, pdl):
+                return b.name
+        return "hmma"
 
     def module(self, arm: Arm | str) -> ModuleType:
         return load_module(self.path, arm, self.entry)
@@ -97,30 +143,45 @@ class Target:
         return self.name
 
 
-def get_target(name: str) -> Target:
-    """Resolve a target by name ('reference', 'production', 'sm100') or file path."""
+def get_target(name: str, release: str | None = None) -> Target:
+    """Resolve a target by name ('reference', 'production', 'production@VERSION', 'sm100', 'mutant:NAME') or
+    file path; `release` (a modelled version) overrides the detected release model."""
+    if release is not None:
+        releases.get_release(release)  # ValueError naming the modelled releases
+    t = _get_target(name)
+    t.release_override = release
+    return t
+
+
+def _get_target(name: str) -> Target:
     if name == "reference":
         return Target("reference", REFERENCE_PATH)
     if name == "production":
-        return Target("production", resolve_production_path(), needs_cuda=True, min_sm=(9, 0))
+        return Target("production", resolve_production_path(), needs_cuda=True, min_sm=(9, 0), released=True)
+    if name.startswith("production@"):
+        version = name.split("@", 1)[1]
+        releases.get_release(version)
+        return Target(name, releases.release_file(version), needs_cuda=True, min_sm=(9, 0), released=True)
     if name == "sm100":
         p = _module_file(SM100_MODULE)
         if p is None:
             raise TargetUnavailable(
-                f"{SM100_MODULE} is not installed (it ships with FlashInfer >= 0.7.3, unreleased "
-                "when gdn_fuzz 0.1 was written); the sm100 target also needs a B200-class GPU (SM100)")
-        return Target("sm100", p, entry=SM100_ENTRY, needs_cuda=True, min_sm=(10, 0))
+                f"{SM100_MODULE} is not installed (flashinfer-python 0.7.4 ships it: pip install 'gdn-fuzz[gpu]'); "
+                "the sm100 target also needs an SM100-class GPU (B200) to launch")
+        return Target("sm100", p, entry=SM100_ENTRY, needs_cuda=True, min_sm=(10, 0), model_entry="umma",
+                      released=True)
     if name.startswith("mutant:"):
         m = get_mutant(name.split(":", 1)[1])
         base_is_prod = m.base == "production"
-        base_path(m)  # raises TargetUnavailable when the production file is absent
-        return Target(name, materialize_mutant(m), needs_cuda=base_is_prod, min_sm=(9, 0) if base_is_prod else None)
+        base = base_path(m)  # raises TargetUnavailable when the production file is absent
+        return Target(name, materialize_mutant(m), needs_cuda=base_is_prod, min_sm=(9, 0) if base_is_prod else None,
+                      base=base)
     p = Path(name).expanduser()
     if p.suffix == ".py" and p.is_file():
         return Target(str(p), p.resolve(), needs_cuda=False)
     raise ValueError(
-        f"target={name!r} is neither 'reference', 'production', 'sm100', 'mutant:NAME' nor an existing .py file; "
-        "pass one of those names or a path to a module defining " + ENTRY)
+        f"target={name!r} is neither 'reference', 'production', 'production@VERSION', 'sm100', 'mutant:NAME' nor an "
+        "existing .py file; pass one of those names or a path to a module defining " + ENTRY)
 
 
 def default_target_name() -> str:

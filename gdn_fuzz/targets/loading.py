@@ -61,7 +61,7 @@ def resolve_production_path() -> Path:
     if p is None:
         raise TargetUnavailable(
             f"{PRODUCTION_MODULE} is not installed; `pip install 'gdn-fuzz[gpu]'` "
-            f"(flashinfer-python==0.7.2.post1) or set {KERNEL_MODULE_ENV}=/path/to/file.py")
+            f"(flashinfer-python==0.7.4) or set {KERNEL_MODULE_ENV}=/path/to/file.py")
     return p
 
 

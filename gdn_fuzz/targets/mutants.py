@@ -319,10 +319,10 @@ register(
            "kernel would read their bits as IO).  Exposed by fp16 a or b in a bf16 module.  Mirrors 'fp16 "
            "activations were read as bf16 bit patterns'."),
     Mutant("guard_cache_base_none", "H11", "guard.H11",
-           "    if restart_hist_on_flush:\n        if cache_base is None:",
+           "    if restart_hist_on_flush and hist_len is not None:\n        if cache_base is None:",
            "    if cache_base is None:  # planted: a default temporary\n"
            "        cache_base = torch.zeros_like(hist_len)\n"
-           "    if restart_hist_on_flush:\n        if cache_base is None:",
+           "    if restart_hist_on_flush and hist_len is not None:\n        if cache_base is None:",
            "restart_hist_on_flush=True with cache_base=None commits into a zero temporary instead of "
            "raising ValueError.  Exposed by that call.  Mirrors 'a default cache_base committed into a "
            "temporary'."),

@@ -1,9 +1,12 @@
 """Reference target: a plain torch implementation of the production entry point.
 
 Same signature, module constants, import-time dtype selection (D1-D2) and host checks
-(H1-H14, same exception types and messages) as FlashInfer's
+(H1-H14, H16-H22, in the order of flashinfer-python 0.7.4: it declares GDN_FUZZ_RELEASE_MODEL
+below, so gdn_fuzz models it with that release's host checks) as FlashInfer's
 ``gdn_decode_bf16_wy_ucache_flush.gated_delta_rule_mtp_ucache_flush``.  It runs on any
-torch device (so H15, the CUDA-only check, is not applied) and computes in float32 with
+torch device, so the CUDA-only probes are not applied (H15, the device probe of H19, the
+capture probe of H11), and it has no UMMA backend: backend="umma" is refused (H20), "auto"
+and "hmma" run this code.  It computes in float32 with
 rounding at the stores the contract names (N3): q_hat/k_hat to PACK, appended u to RING,
 y to IO, the folded checkpoint to STATE.  It writes exactly the contract's write set
 (M8): T append slots per non-pad row, the pool row of flush rows, the output rows of
@@ -47,6 +50,9 @@ RING_TORCH = _narrow_dtype("GDN_UCACHE_RING_DTYPE", "ring")
 # D2: q_hat/k_hat are stored fp16 only in the combined state+ring fp16 mode.
 PACK_TORCH = torch.float16 if (ST_TORCH is torch.float16 and RING_TORCH is torch.float16
                                and IO_TORCH is torch.bfloat16) else IO_TORCH
+
+# the release whose host checks this file follows (gdn_fuzz.targets.releases.detect reads it)
+GDN_FUZZ_RELEASE_MODEL = "0.7.4"
 
 # ---------------------------------------------------------------- D3: constants
 T = 16  # the production module's tile size; draft T is 4 or 8
@@ -116,6 +122,10 @@ def gated_delta_rule_mtp_ucache_flush(
     flush_min: Optional[int] = None,
     restart_hist_on_flush: bool = True,
     pdl_trigger: bool = False,
+    backend: str = "auto",
+    stochastic_rounding: Optional[str] = None,
+    rand_seed: Optional[torch.Tensor] = None,
+    philox_rounds: int = 10,
 ) -> torch.Tensor:
     """Verify T drafts through the ring window, append their records, fold flush rows."""
     # ---- H1
@@ -169,6 +179,27 @@ def gated_delta_rule_mtp_ucache_flush(
         "silently reinterpret bits."
     )
     HK = k.shape[2]
+    # ---- H11
+    if restart_hist_on_flush and hist_len is not None:
+        if cache_base is None:
+            raise ValueError(
+                f"{name}: restart_hist_on_flush=True commits ring cursors in place and needs a caller-owned "
+                "cache_base (got None). Keep a persistent int32 [B] tensor (zeros initially) across calls, or "
+                "pass restart_hist_on_flush=False and own the cursor commit.")
+        assert hist_len.is_contiguous() and cache_base.is_contiguous(), (
+            "restart_hist_on_flush=True: hist_len and cache_base must be contiguous — .contiguous() would "
+            "copy them and the in-place cursor commit would be lost on the caller's tensors.")
+        if not _capturing(device):
+            lo, hi = (int(x.item()) for x in hist_len.aminmax())
+            assert lo >= 0 and hi <= W_RING, f"hist_len out of legal range [0, {W_RING}]: min={lo} max={hi}"
+            lo, hi = (int(x.item()) for x in cache_base.aminmax())
+            assert lo >= 0 and hi < RING_SLOTS, f"cache_base out of legal range [0, {RING_SLOTS}): min={lo} max={hi}"
+    # ---- H17: a 5-D (uGPU) pool is the Rubin UMMA build's, which the reference does not have
+    if initial_state_source.dim() == 5:
+        if backend not in ("auto", "umma"):
+            raise ValueError(f"{name}: uGPU buffers (a 5-D state pool) need backend 'auto' or 'umma', got {backend!r}.")
+        raise ValueError(f"{name}: uGPU buffers are served by the UMMA backend only, unavailable: "
+                         "the reference implementation has no UMMA backend.")
     A_log_io = _cast_io(A_log)  # N5: cast to the IO dtype
     dt_bias_io = _cast_io(dt_bias)
     h0 = initial_state_source
@@ -183,9 +214,11 @@ def gated_delta_rule_mtp_ucache_flush(
     contig &= _inner_dense(k_cache, "k_cache")
     assert tuple(k_cache.shape) == (pool, HK, RING_SLOTS, K_dim), (
         f"k_cache must be [pool={pool}, H={HK}, {RING_SLOTS}, K={K_dim}]; got {tuple(k_cache.shape)}")
-    assert u_cache.dtype == RING_TORCH, (
-        f"u_cache must be {RING_TORCH} (module RING dtype, see "
-        f"GDN_UCACHE_RING_DTYPE; f32 rings remain a documented extension point); got {u_cache.dtype}.")
+    # H9': an fp16 u ring beside bf16 rings is the UMMA backend's mixed arm (D5); H21 refuses it below
+    u_mixed = u_cache.dtype != RING_TORCH
+    assert not u_mixed or (u_cache.dtype == torch.float16 and RING_TORCH is torch.bfloat16), (
+        f"u_cache must be {RING_TORCH} (module RING dtype, see GDN_UCACHE_RING_DTYPE) or, with bf16 "
+        f"rings, fp16 (UMMA backend only); got {u_cache.dtype}.")
     contig &= _inner_dense(u_cache, "u_cache")
     assert tuple(u_cache.shape) == (pool, HV, RING_SLOTS, V_dim)
     assert g_cache.dtype == torch.float32
@@ -193,25 +226,23 @@ def gated_delta_rule_mtp_ucache_flush(
     assert tuple(g_cache.shape) == (pool, HV, RING_SLOTS)
     # ---- H10
     assert hist_len.dtype == torch.int32 and hist_len.shape[0] == B
-    # ---- H11
-    if restart_hist_on_flush:
-        if cache_base is None:
-            raise ValueError(
-                f"{name}: restart_hist_on_flush=True commits ring cursors in place and needs a caller-owned "
-                "cache_base (got None). Keep a persistent int32 [B] tensor (zeros initially) across calls, or "
-                "pass restart_hist_on_flush=False and own the cursor commit.")
-        assert hist_len.is_contiguous() and cache_base.is_contiguous(), (
-            "restart_hist_on_flush=True: hist_len and cache_base must be contiguous — .contiguous() would "
-            "copy them and the in-place cursor commit would be lost on the caller's tensors.")
-        if not _capturing(device):
-            lo, hi = (int(x.item()) for x in hist_len.aminmax())
-            assert lo >= 0 and hi <= W_RING, f"hist_len out of legal range [0, {W_RING}]: min={lo} max={hi}"
-            lo, hi = (int(x.item()) for x in cache_base.aminmax())
-            assert lo >= 0 and hi < RING_SLOTS, f"cache_base out of legal range [0, {RING_SLOTS}): min={lo} max={hi}"
     if cache_base is None:
         cache_base = torch.zeros_like(hist_len)
     # ---- H12
     assert cache_base.dtype == torch.int32 and cache_base.shape[0] == B
+    # ---- H18-H22: the backend (no UMMA here: "auto" and "hmma" run this code)
+    if backend not in ("auto", "umma", "hmma"):
+        raise ValueError(f"{name}: backend={backend!r}; use 'auto', 'umma' or 'hmma'.")
+    why = "backend='hmma' was requested" if backend == "hmma" else "the reference implementation has no UMMA backend"
+    if backend == "umma":
+        raise ValueError(f"{name}: backend='umma' unavailable: {why}.")
+    if u_mixed:
+        raise ValueError(f"{name}: an fp16 u_cache with bf16 k_cache is served by the UMMA backend only ({why}); "
+                         f"the HMMA kernel needs both rings in {RING_TORCH}.")
+    if stochastic_rounding not in (None, "none"):
+        raise NotImplementedError(
+            f"{name}: stochastic rounding of the flushed state is implemented by the UMMA backend only (SM100, "
+            "bf16 IO and rings, fp16 state); the HMMA kernel rounds to nearest.")
     # ---- H13
     if Tq not in (4, 8):
         raise NotImplementedError(

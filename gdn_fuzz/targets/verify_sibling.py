@@ -66,7 +66,7 @@ def resolve_sibling_path() -> Path:
         return p.resolve()
     p = _module_file(SIBLING_MODULE)
     if p is None:
-        raise TargetUnavailable(f"{SIBLING_MODULE} is not installed; flashinfer-python==0.7.2.post1 ships it "
+        raise TargetUnavailable(f"{SIBLING_MODULE} is not installed; flashinfer-python 0.7.2.post1 and 0.7.4 ship it (the same file) "
                                 f"(or set {SIBLING_ENV}=/path/to/gdn_decode_bf16_wy_ucache.py)")
     return p
 
