@@ -6,8 +6,9 @@ The properties (PROPERTIES below; gdn_fuzz.properties lists them)
 guards      H4, H6, H9-H11, H13, H14: the target is called with illegal inputs (T = 6,
             flush_min = 0 and 18 - T, hist_len 17 and -1 and cache_base 32 and None with
             restart_hist_on_flush=True, q/k/v/a/b in the other IO dtype, an fp32 pool, an fp32
-            u ring, int64 hist_len) and must raise the exception type the reference target
-            raises for the same call.  Finding prop "guard.<clause>.<scenario>".
+            u ring, int64 hist_len) and must raise what its release model says (the exception
+            type of the first check that fires, a message naming the argument where the model
+            says so: gdn_fuzz.properties.hostchecks).  Finding prop "guard.<clause>.<scenario>".
 commit      C2: with restart_hist_on_flush=True (pad rows given in-range cursors, since the
             host commits them too), the cursors after the call equal
             oracles.commit.standalone_commit of the cursors before, and y and every buffer are
@@ -38,62 +39,33 @@ import random
 
 import torch
 
+from gdn_fuzz.properties import hostchecks
 from gdn_fuzz.properties.base import Property, not_exercised, note
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import check_oracle, check_writes, expectation, oracle_metrics
 from gdn_fuzz.findings import BITS_DIFFER, Finding, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, launch_record, raised
 from gdn_fuzz.observation import clone_inputs, observe, same_bits
 from gdn_fuzz.oracles import commit as commits
-from gdn_fuzz.targets import Target, get_target
-
-_OTHER_IO = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def _call(target: Target, arm: str, kwargs: dict):
-    """(returned, exception) of one entry-point call."""
-    try:
-        return target.launch(arm, **kwargs), None
-    except Exception as e:  # noqa: BLE001 - the exception is the observation
-        return None, e
+from gdn_fuzz.targets import Target
 
 
 # ------------------------------------------------------------------ guards (H*)
 
-
-def _guard_scenarios(case: Case, device):
-    """(id, description, clause, kwargs) of illegal calls derived from the case (fresh tensors each)."""
-    T = case.T
-    base = materialize(dataclasses.replace(case, restart_hist_on_flush=False), device)
-    io = base["q"].dtype
-
-    def kw(**over):
-        d = clone_inputs(base)
-        d.update(over)
-        return d
-
-    out = []
-    t6 = dataclasses.replace(case, T=6, flush_min=None, restart_hist_on_flush=False)
-    out.append(("T", "T=6", "H13", materialize(t6, device)))
-    out.append(("flush_min_zero", "flush_min=0", "H14", kw(flush_min=0)))
-    out.append(("flush_min_cap", f"flush_min={18 - T} (17 - T + 1)", "H14", kw(flush_min=18 - T)))
-    for sid, name, val in (("hist_len_high", "hist_len", 17), ("hist_len_negative", "hist_len", -1),
-                           ("cache_base_high", "cache_base", 32)):
-        d = kw(restart_hist_on_flush=True)
-        d[name][0] = val
-        out.append((sid, f"{name}[0]={val} with restart_hist_on_flush=True", "H11", d))
-    out.append(("cache_base_none", "cache_base=None with restart_hist_on_flush=True", "H11",
-                kw(restart_hist_on_flush=True, cache_base=None)))
-    for name in ("q", "k", "v", "a", "b"):
-        out.append((f"{name}_dtype", f"{name} in {_OTHER_IO[io]} (module IO {io})", "H6",
-                    kw(**{name: base[name].to(_OTHER_IO[io])})))
-    out.append(("state_dtype", "initial_state_source in float32", "H4",
-                kw(initial_state_source=base["initial_state_source"].float())))
-    out.append(("u_cache_dtype", "u_cache in float32", "H9", kw(u_cache=base["u_cache"].float())))
-    out.append(("hist_len_dtype", "hist_len in int64", "H10", kw(hist_len=base["hist_len"].long())))
-    return out
+# (scenario id, change id): the illegal calls the guards property makes on the inputs of a drawn case
+# (gdn_fuzz.properties.hostchecks.CHANGES); the scenario ids are what findings and reproducers name
+GUARD_SCENARIOS = (
+    ("T", "T=6"),
+    ("flush_min_zero", "flush_min=0"),
+    ("flush_min_cap", "flush_min=18-T"),
+    ("hist_len_high", "restart-hist_len=17"),
+    ("hist_len_negative", "restart-hist_len=-1"),
+    ("cache_base_high", "restart-cache_base=32"),
+    ("cache_base_none", "restart-cache_base=None"),
+    *[(f"{n}_dtype", f"{n}-other-half") for n in ("q", "k", "v", "a", "b")],
+    ("state_dtype", "pool-fp32"),
+    ("u_cache_dtype", "u_cache-fp32"),
+    ("hist_len_dtype", "hist_len-int64"),
+)
 
 
 def guard_case(case: Case) -> Case:
@@ -102,48 +74,62 @@ def guard_case(case: Case) -> Case:
     return dataclasses.replace(case, restart_hist_on_flush=False)
 
 
+def _scenario(scenario: str) -> hostchecks.Change:
+    for sid, cid in GUARD_SCENARIOS:
+        if sid == scenario:
+            return hostchecks.get_change(cid)
+    raise ValueError(f"guard scenario {scenario!r} is unknown; use one of {', '.join(s for s, _ in GUARD_SCENARIOS)}")
+
+
 def guard_inputs(case: Case, scenario: str, device="cpu") -> dict:
     """The keyword arguments of one illegal call of check_guards (transformation "guard" of
     gdn_fuzz.engine.reproducer: {"scenario": id})."""
-    for sid, _, _, kwargs in _guard_scenarios(case, device):
-        if sid == scenario:
-            return kwargs
-    raise ValueError(f"guard scenario {scenario!r} is unknown; use one of "
-                     f"{', '.join(s for s, *_ in _guard_scenarios(case, device))}")
+    change = _scenario(scenario)
+    return hostchecks.apply_changes(materialize(guard_case(case), device), case.arm, [change])
 
 
-def check_guards(target: Target, case: Case, device="cpu", expected: Target | None = None) -> list[Finding]:
-    """H4, H6, H9-H11, H13, H14: every illegal call raises the reference target's exception type.
+def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
+    """H4, H6, H9-H11, H13, H14: every illegal call raises what the target's release model says.
 
-    The expectation is what the reference target (or `expected`, another target: a test that
-    compares the reference itself with an independent implementation) raises for the very
-    same call; a scenario the expectation accepts is skipped (Hypothesis event "guards: nothing
-    exercised: ..."), so the property follows the reference's host checks.  Compared with
-    itself (target is the reference) the property proves nothing.  The contract fixes the
-    exception type and the clause, not the wording: messages are reported, never compared.
-    Check id guard.<clause>.<scenario>.  Each finding carries its call (Finding.launch):
-    guard_case(case) and the transformation "guard" {"scenario": id}.
-    """
-    ref = get_target("reference") if expected is None else expected
-    who = "the reference" if expected is None else f"the expected target {expected.name}"
+    Each scenario is one change of the case's own inputs (GUARD_SCENARIOS); the expectation is the
+    first check of the target's release model (Target.release) that fires for that call
+    (hostchecks.expect), held by clause: the exception type, and that the message names the
+    argument where the model says so, never the wording.  A scenario the model says passes every
+    host check (an entry that does not validate it: sm100 never range-checks hist_len) is not
+    launched (Hypothesis event "guards: nothing exercised: ...").  Check id guard.<clause>.<scenario>.
+    Each finding carries its call (Finding.launch): guard_case(case) and the transformation "guard"
+    {"scenario": id}."""
+    detected = target.release
+    rel = detected.release
+    em = rel.entry(target.model_entry)
     gcase = guard_case(case)
     out = []
-    for sid, name, clause, kwargs in _guard_scenarios(case, device):
-        _, want = _call(ref, case.arm, clone_inputs(kwargs))
-        if want is None:
-            not_exercised("guards", f"scenario {sid}: {who} accepts it")
+    for sid, cid in GUARD_SCENARIOS:
+        change = hostchecks.get_change(cid)
+        if case.arm not in change.arms or case.arm not in em.arms:
             continue
-        _, got = _call(target, case.arm, kwargs)
+        kwargs = guard_inputs(case, sid, device)
+        mod = target.module(case.arm)
+        try:
+            want = hostchecks.expect(rel, target.model_entry, [change],
+                                     hostchecks.Call(kwargs, case.arm_spec, hostchecks.Env.for_call(kwargs, mod), mod))
+        except hostchecks.NotModelled as e:
+            not_exercised("guards", f"scenario {sid}: {e}")
+            continue
+        if want.check is None:
+            not_exercised("guards", f"scenario {sid}: the {rel.version} model of {em.name} does not refuse it")
+            continue
+        got = hostchecks.observe_call(lambda **kw: target.launch(case.arm, **kw), kwargs)
+        problem = hostchecks.judge(want, got)
+        if problem is None:
+            continue
+        clause = want.check.clause
         rec = launch_record(gcase, "guard", {"scenario": sid}, given=case,
-                            note=f"the illegal call guard {sid!r}: {name}, on the inputs of the case")
-        if got is None:
-            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) returned normally; "
-                               f"{who} raises {type(want).__name__}: {str(want)[:120]}",
-                               outcome="returned normally", launch=rec))
-        elif type(got) is not type(want):
-            out.append(Finding(f"guard.{clause}.{sid}", clause, f"illegal call ({name}) raised {type(got).__name__}: "
-                               f"{str(got)[:120]}; {who} raises {type(want).__name__}",
-                               outcome=raised(got), launch=rec))
+                            note=f"the illegal call guard {sid!r}: {change.id}, on the inputs of the case")
+        outcome = "returned normally" if got.exc is None else raised(got.message, got.exc)
+        out.append(Finding(f"guard.{clause}.{sid}", clause,
+                           f"illegal call ({change.id}): {problem} (release model {detected})",
+                           outcome=outcome, launch=rec))
     return out
 
 

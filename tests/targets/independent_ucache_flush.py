@@ -14,9 +14,10 @@ How it is independent
     released kernel has a hazard (N1 approximations, N2 softplus overflow to -inf) this file
     computes the mathematically correct value instead.
 
-Host checks H1-H14 and H16 run in the contract's order with the contract's exception types,
-but every message is worded differently from the released module (and from the reference
-target): tests of these checks must compare exception types and clauses, not message text.
+Host checks H1-H14 and H16 run in the contract's order (flashinfer-python 0.7.2.post1's: it declares
+GDN_FUZZ_RELEASE_MODEL below) with the contract's exception types, but every message is worded
+differently from the released module (and from the reference target): tests of these checks must
+compare exception types, clauses and the argument a message names, not message text.
 H15 (CUDA only) is not applied: this target runs anywhere.
 """
 
@@ -25,6 +26,8 @@ import os
 from typing import Optional
 
 import torch
+
+GDN_FUZZ_RELEASE_MODEL = "0.7.2.post1"  # the release whose host-check order this file follows
 
 # ------------------------------------------------------------------ D1/D2: dtype arm at import
 _FP16_NAMES = ("fp16", "float16", "half")
@@ -148,9 +151,9 @@ def gated_delta_rule_mtp_ucache_flush(
     # H3: signature-compatibility arguments
     assert softplus_beta == 1.0, f"[H3] {_WHO}: only softplus_beta 1.0 is implemented, got {softplus_beta}"
     assert softplus_threshold == 20.0, f"[H3] {_WHO}: softplus_threshold must be left at 20.0, got {softplus_threshold}"
-    assert use_qk_l2norm_in_kernel, f"[H3] {_WHO}: q/k are always L2-normalised; False is refused"
+    assert use_qk_l2norm_in_kernel, f"[H3] {_WHO}: q/k are always L2-normalised; use_qk_l2norm_in_kernel=False is refused"
     # H4: pool dtype
-    assert pool.dtype == ST_TORCH, f"[H4] {_WHO}: state pool holds {pool.dtype}, this arm stores {ST_TORCH}"
+    assert pool.dtype == ST_TORCH, f"[H4] {_WHO}: state pool (initial_state_source) holds {pool.dtype}, this arm stores {ST_TORCH}"
     # H5: head dims (a q that is not 4-D cannot be unpacked: ValueError)
     if q.dim() != 4:
         raise ValueError(f"[H5] {_WHO}: q should be [B, T, H, K], it has {q.dim()} dims")
@@ -166,15 +169,15 @@ def gated_delta_rule_mtp_ucache_flush(
     dt_bias_io = _io_param(dt_bias, "dt_bias")
     # H7: ring buffers and the window length
     assert k_cache is not None and u_cache is not None and g_cache is not None and hist_len is not None, \
-        f"[H7] {_WHO}: the ring caches and hist_len must all be passed"
+        f"[H7] {_WHO}: the ring caches (k_cache, u_cache, g_cache) and hist_len must all be passed"
     # H8 (layouts) and H9 (ring dtypes/shapes), interleaved as in the released wrapper
     n_pool = pool.shape[0]
     contiguous = _layout_ok(pool, "initial_state_source")
-    assert k_cache.dtype == RING_TORCH, f"[H9] {_WHO}: k ring holds {k_cache.dtype}, arm ring dtype is {RING_TORCH}"
+    assert k_cache.dtype == RING_TORCH, f"[H9] {_WHO}: k ring (k_cache) holds {k_cache.dtype}, arm ring dtype is {RING_TORCH}"
     contiguous &= _layout_ok(k_cache, "k_cache")
     want = (n_pool, k.shape[2], RING_SLOTS, Kd)
-    assert tuple(k_cache.shape) == want, f"[H9] {_WHO}: k ring sized {tuple(k_cache.shape)}, expected {want}"
-    assert u_cache.dtype == RING_TORCH, f"[H9] {_WHO}: u ring holds {u_cache.dtype}, arm ring dtype is {RING_TORCH}"
+    assert tuple(k_cache.shape) == want, f"[H9] {_WHO}: k ring (k_cache) sized {tuple(k_cache.shape)}, expected {want}"
+    assert u_cache.dtype == RING_TORCH, f"[H9] {_WHO}: u ring (u_cache) holds {u_cache.dtype}, arm ring dtype is {RING_TORCH}"
     contiguous &= _layout_ok(u_cache, "u_cache")
     want = (n_pool, HV, RING_SLOTS, Vd)
     assert tuple(u_cache.shape) == want, f"[H9] {_WHO}: u ring sized {tuple(u_cache.shape)}, expected {want}"
@@ -190,14 +193,14 @@ def gated_delta_rule_mtp_ucache_flush(
         if cache_base is None:
             raise ValueError(f"[H11] {_WHO}: the in-place cursor commit has nowhere to write without cache_base")
         assert hist_len.is_contiguous() and cache_base.is_contiguous(), \
-            f"[H11] {_WHO}: cursor tensors must be contiguous for the in-place commit"
+            f"[H11] {_WHO}: cursor tensors (hist_len, cache_base) must be contiguous for the in-place commit"
         capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not capturing and hist_len.numel() > 0:
             assert bool(((hist_len >= 0) & (hist_len <= W_RING)).all()), \
-                f"[H11] {_WHO}: some window length lies outside 0..{W_RING}: {hist_len.tolist()}"
+                f"[H11] {_WHO}: some window length (hist_len) lies outside 0..{W_RING}: {hist_len.tolist()}"
         if not capturing and cache_base.numel() > 0:
             assert bool(((cache_base >= 0) & (cache_base < RING_SLOTS)).all()), \
-                f"[H11] {_WHO}: some ring base lies outside 0..{RING_SLOTS - 1}: {cache_base.tolist()}"
+                f"[H11] {_WHO}: some ring base (cache_base) lies outside 0..{RING_SLOTS - 1}: {cache_base.tolist()}"
     if cache_base is None:
         cache_base = torch.zeros_like(hist_len)
     # H12
@@ -205,12 +208,12 @@ def gated_delta_rule_mtp_ucache_flush(
         f"[H12] {_WHO}: cache_base needs int32 and one entry per request ({cache_base.dtype}, {tuple(cache_base.shape)})"
     # H13: draft count
     if n_tok not in (4, 8):
-        raise NotImplementedError(f"[H13] {_WHO}: drafts per request must be 4 or 8, not {n_tok}")
+        raise NotImplementedError(f"[H13] {_WHO}: drafts per request (T) must be 4 or 8, not {n_tok}")
     # H14: flush threshold
     if flush_min is None:
         flush_min = W_RING + 1 - n_tok
     assert 1 <= flush_min <= W_RING + 1 - n_tok, \
-        f"[H14] {_WHO}: flush threshold {flush_min} must lie in 1..{W_RING + 1 - n_tok} when T is {n_tok}"
+        f"[H14] {_WHO}: flush threshold (flush_min) {flush_min} must lie in 1..{W_RING + 1 - n_tok} when T is {n_tok}"
     # H16: block-strided pools/rings need a mode this target does not model
     if not contiguous:
         raise NotImplementedError(f"[H16] {_WHO}: pool and rings must be fully contiguous (no dim-0 block stride)")
