@@ -8,6 +8,8 @@ Options (group "gdn_fuzz", prefix --gdn-):
   --gdn-corpus DIR         regression corpus replayed by tests/test_corpus_replay.py and written
                            with every shrunk failure (default: $GDN_FUZZ_CORPUS or ./corpus)
   --gdn-corpus-readonly    never write the corpus (CI; or GDN_FUZZ_CORPUS_READONLY=1)
+  --gdn-release VERSION    the release model of targets that are no released file (a user's kernel, an edited
+                           or newer FlashInfer; env GDN_FUZZ_RELEASE; gdn_fuzz.targets.releases)
 Profiles (--hypothesis-profile NAME or env GDN_FUZZ_PROFILE): ci (deterministic, bounded),
 dev (the default outside CI; ci is the default when $CI is set), nightly (many examples, long stateful runs).
 A profile is loaded only in a gdn_fuzz session (ini gdn_fuzz_profiles = true, a --gdn-* option,
@@ -101,7 +103,7 @@ def register_profiles(target: str = "reference", redis_url: str | None = None,
 
 
 GDN_OPTIONS = ("--gdn-target", "--gdn-arms", "--gdn-device", "--gdn-corpus", "--gdn-corpus-readonly",
-               "--gdn-redis-url", "--gdn-redis-readonly")
+               "--gdn-redis-url", "--gdn-redis-readonly", "--gdn-release")
 
 
 def gdn_session(config) -> bool:
@@ -131,9 +133,12 @@ def pytest_addoption(parser):
                      "profiles): redis://host:6379/0, rediss://..., unix:///path/redis.sock (env GDN_FUZZ_REDIS_URL)")
     g.addoption("--gdn-redis-readonly", action="store_true",
                 help="replay the Redis examples, never write to Redis (env GDN_FUZZ_REDIS_READONLY=1)")
+    g.addoption("--gdn-release", default=None,
+                help="release model (0.7.2.post1, 0.7.4) of targets that are no released file: a user's kernel, an "
+                     "edited or newer FlashInfer (env GDN_FUZZ_RELEASE)")
 
 
-_ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY", "GDN_FUZZ_PROCESSES")
+_ENV_KEYS = ("GDN_FUZZ_CORPUS", "GDN_FUZZ_CORPUS_READONLY", "GDN_FUZZ_PROCESSES", "GDN_FUZZ_RELEASE")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin, which loads --hypothesis-profile NAME
@@ -161,6 +166,14 @@ def pytest_configure(config):
         os.environ["GDN_FUZZ_CORPUS"] = str(config.getoption("--gdn-corpus"))
     if config.getoption("--gdn-corpus-readonly"):
         os.environ["GDN_FUZZ_CORPUS_READONLY"] = "1"
+    release = config.getoption("--gdn-release")
+    if release:
+        from gdn_fuzz.targets.releases import RELEASES
+
+        if release not in RELEASES:
+            raise pytest.UsageError(f"--gdn-release={release!r}: no model for it; modelled releases: "
+                                    f"{', '.join(RELEASES)}")
+        os.environ["GDN_FUZZ_RELEASE"] = release
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU that runs the production kernel")
     arms = config.getoption("--gdn-arms")
     if arms:
@@ -180,6 +193,7 @@ def pytest_unconfigure(config):
         else:
             os.environ[k] = v
     _KNOWN_CACHE.clear()
+    _TARGET_CACHE.clear()
 
 
 def _selection(config):
@@ -219,14 +233,31 @@ def pytest_report_header(config):
 _KNOWN_CACHE: dict = {}
 
 
-def known_for(target_name: str) -> dict:
-    """{signature: corpus entry name} of the open corpus entries of this target (read once per run)."""
+def known_for(target_name: str, case=None, device=None) -> dict:
+    """{signature: corpus entry name} of the open corpus entries of this target (read once per run); with a
+    case, for the backend that case's launch runs on (corpus.known_on_backend: on an SM100 GPU the released
+    kernel routes some launches to UMMA, whose known bugs differ)."""
     from gdn_fuzz.engine import corpus
 
     key = (str(corpus.default_dir()), target_name)
     if key not in _KNOWN_CACHE:
         _KNOWN_CACHE[key] = corpus.known_signatures(target_name)
-    return _KNOWN_CACHE[key]
+    known = _KNOWN_CACHE[key]
+    if case is None:
+        return known
+    target = _TARGET_CACHE.get(target_name)
+    if target is None:
+        from gdn_fuzz.targets import TargetUnavailable, get_target
+
+        try:
+            target = _TARGET_CACHE[target_name] = get_target(target_name)
+        except (TargetUnavailable, ValueError):
+            return known
+    backend = target.backend_for(case.arm, case.T, case.H, case.HV, device)
+    return corpus.known_on_backend(known, target, backend)
+
+
+_TARGET_CACHE: dict = {}
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -258,8 +289,10 @@ def gdn_verdict(request):
     last: dict = {}
     request.node._gdn_known = {}
 
+    device = _selection(request.config)[2]
+
     def verdict(prop, case, findings, target_name):
-        known = known_for(target_name)
+        known = known_for(target_name, case, device)
         new = []
         for f in findings:
             sig = f.signature()

@@ -246,6 +246,7 @@ class Campaign:
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         self._learned: dict = {}  # signature -> entry name, told by another thread (learn()), not yet in known
+        self._model_known: dict = {}  # signature -> the release model's word, for known bugs no entry records
         self._on_check = lambda prop, case: None  # run()'s on_check
         if self.isolate:
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
@@ -312,18 +313,31 @@ class Campaign:
         return (seconds is not None and self.stats.elapsed >= seconds) or (
             examples is not None and self.stats.examples >= examples)
 
-    def classify(self, found) -> tuple[list, list]:
+    def known_for(self, case: Case | None) -> dict:
+        """The known bugs of a launch of `case`: self.known, per the backend the launch runs on
+        (corpus.known_on_backend; on an SM100 GPU the released flush kernel routes some launches to UMMA)."""
+        if case is None:
+            return self.known
+        backend = self.target.backend_for(case.arm, case.T, case.H, case.HV, self.device)
+        got = corpus.known_on_backend(self.known, self.target, backend)
+        for sig, name in got.items():
+            if sig not in self.known:
+                self._model_known.setdefault(sig, name)
+        return got
+
+    def classify(self, found, case: Case | None = None) -> tuple[list, list]:
         """(known, new) findings of one launch: known = signature of an open corpus entry of
-        this target or of a finding this campaign already reported.  A failure of the machine
-        (the worker ran out of memory: prop "resource") is neither: it is counted in
-        env_failures and never filed as a kernel bug."""
+        this target (for the backend the launch runs on: known_for) or of a finding this campaign
+        already reported.  A failure of the machine (the worker ran out of memory: prop "resource")
+        is neither: it is counted in env_failures and never filed as a kernel bug."""
+        known_sigs = self.known_for(case)
         known, new = [], []
         for f in found:
             sig = f.signature()
             if f.prop == "resource":
                 self.env_failures[sig] += 1
                 continue
-            (known if sig in self.known or sig in self.findings else new).append(f)
+            (known if sig in known_sigs or sig in self.findings else new).append(f)
         return known, new
 
     def _round(self, prop: Property, round_seed: int, on_example, on_first, n: int | None = None) -> list[CampaignFinding]:
@@ -409,10 +423,10 @@ class Campaign:
         on_example()
         self._on_check(prop.name, case)
         found = self._check(prop, case)
-        known, new = self.classify(found)
+        known, new = self.classify(found, case)
         for f in known:
             sig = f.signature()
-            if sig in self.known:
+            if sig in self.known_for(case):
                 self.known_hits[sig] += 1
             else:
                 self.repeats[sig] += 1
@@ -463,7 +477,7 @@ class Campaign:
             if self.launch_timeout_s is not None:
                 w.timeout_s = self.launch_timeout_s
             found = w.check(prop.name, case)
-        known, new = self.classify(found)
+        known, new = self.classify(found, case)
         sigs = sorted({f.signature() for f in found})
         fresh = sorted({f.signature() for f in new})
         for sig in fresh:
@@ -471,7 +485,7 @@ class Campaign:
             self._keep(CampaignFinding(prop.name, case, list(found), signature=sig, first_t=t,
                                        first_examples=self.stats.examples, shrink_s=0.0, shrunk=False), on_finding)
         for f in known:
-            if f.signature() in self.known:
+            if f.signature() in self.known_for(case):
                 self.known_hits[f.signature()] += 1
         return dict(outcome="failed" if sigs else "passed", signatures=sigs, new=fresh)
 
@@ -576,5 +590,5 @@ class Campaign:
 
     def known_summary(self) -> list[dict]:
         """Known signatures seen in this run: signature, corpus entry, examples that showed it."""
-        return [dict(signature=s, corpus_entry=self.known.get(s), examples=n, known=True)
+        return [dict(signature=s, corpus_entry=self.known.get(s) or self._model_known.get(s), examples=n, known=True)
                 for s, n in sorted(self.known_hits.items())]

@@ -31,7 +31,7 @@ from gdn_fuzz.case import Case
 from gdn_fuzz.findings import parse_launch
 from gdn_fuzz.engine.isolation import Worker
 from gdn_fuzz.properties import get_property
-from gdn_fuzz.targets import get_target
+from gdn_fuzz.targets import get_target, releases
 from gdn_fuzz.targets.mutants import CATALOGUE, get_mutant
 
 FORMAT = "gdn_fuzz.corpus/2"
@@ -63,7 +63,7 @@ class Entry:
 
     @property
     def needs_gpu(self) -> bool:
-        return self.target == "production" or self.target == "sm100" or (
+        return released_name(self.target) in ("production", "sm100") or (
             self.target.startswith("mutant:") and _mutant_needs_gpu(self.target))
 
     @property
@@ -89,6 +89,12 @@ class Entry:
     def reproduced_by(self, findings) -> bool:
         """True when a replay's findings show this entry's signature."""
         return any(f.signature() == self.signature for f in findings)
+
+
+def released_name(target: str) -> str:
+    """production@VERSION -> production (one release's copy of the production module: the entries of the
+    production target are its known bugs too); any other name unchanged."""
+    return "production" if target.startswith("production@") else target
 
 
 def _mutant_needs_gpu(target: str) -> bool:
@@ -253,8 +259,25 @@ def known_signatures(target: str, directory: Path | None = None) -> dict[str, st
             e = read(p)
         except CorpusError:
             continue
-        if e.status == "open" and e.target == target:
+        if e.status == "open" and e.target in (target, released_name(target)):
             out.setdefault(e.signature, p.name)
+    return out
+
+
+def known_on_backend(known: dict[str, str], target, backend: str | None) -> dict[str, str]:
+    """The known bugs of a launch of `target` that runs on `backend` (Target.backend_for): the corpus's
+    `known` {signature: entry} less the bugs the target's release model says are absent on that backend
+    (a strided a/b view on UMMA, which copies a/b: a new finding there), plus the bugs the model says are
+    present on it that no corpus entry of this target records (the UMMA cast cache, read from the source:
+    named "release model VERSION (BACKEND): EVIDENCE").  Targets that are not FlashInfer's code
+    (Target.released False), and backend None, keep `known` as it is."""
+    if backend is None or not getattr(target, "released", False):
+        return known
+    rel = target.release.release
+    absent = rel.absent_on(backend)
+    out = {s: n for s, n in known.items() if s not in absent}
+    for sig, bug in rel.known_on(backend).items():
+        out.setdefault(sig, f"release model {rel.version} ({backend}): {bug.backends[backend]}")
     return out
 
 
@@ -295,6 +318,11 @@ def check_replayable(entry: Entry, allow_paths: bool | None = None) -> None:
     where = f"corpus entry {entry.path or entry.filename()}"
     if t in BUILTIN_TARGETS:
         return
+    if t.startswith("production@"):
+        if t.split("@", 1)[1] in releases.RELEASES:
+            return
+        raise CorpusError(f"{where}: target={t!r}: no release model for {t.split('@', 1)[1]!r}; modelled releases: "
+                          f"{', '.join(releases.RELEASES)}")
     if t.startswith("mutant:"):
         try:
             get_mutant(t.split(":", 1)[1])
@@ -303,8 +331,8 @@ def check_replayable(entry: Entry, allow_paths: bool | None = None) -> None:
         return
     if allow_paths if allow_paths is not None else paths_allowed():
         return
-    raise CorpusError(f"{where}: target={t!r} names a file; entries may name only {', '.join(BUILTIN_TARGETS)} or "
-                      f"mutant:NAME.  To replay it against that file on purpose, pass --allow-target-paths to "
+    raise CorpusError(f"{where}: target={t!r} names a file; entries may name only {', '.join(BUILTIN_TARGETS)}, "
+                      f"production@VERSION or mutant:NAME.  To replay it against that file on purpose, pass --allow-target-paths to "
                       f"gdn-fuzz replay or set {ALLOW_PATHS_ENV}=1 (never in CI), or replay with --target NAME")
 
 
