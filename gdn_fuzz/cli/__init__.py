@@ -4,6 +4,8 @@
   gdn-fuzz mutants [--budget S] [--only NAME ...] [--json PATH] [--seed N]
   gdn-fuzz drift [--tokens N] [--arms ...] [--T 4 8] [--accept mtp|all|one] [--out DIR]
   gdn-fuzz triton [--kernels triton|interpret|model] [--T 4 8] [--cfgs ...] [--diff] [--json PATH]
+  gdn-fuzz diff OLD NEW [--device D] [--examples N] [--markdown F] [--json F]
+  gdn-fuzz release [list | fetch VERSION ...]
   gdn-fuzz replay | report | precision | unguarded | doctor
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from gdn_fuzz.cli import replay, report, run, serving, studies
+from gdn_fuzz.cli import releases, replay, report, run, serving, studies
 from gdn_fuzz.cli.common import (  # noqa: F401  (the exit codes, documented in the README)
     EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_USAGE, UsageError)
 from gdn_fuzz.cli.run import validate_run_args  # noqa: F401
@@ -20,7 +22,7 @@ __all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NEW", "EXIT_USAG
            "EXIT_INTERRUPTED", "UsageError", "validate_run_args"]
 
 # every sub-command module, in the order `gdn-fuzz --help` lists them; each defines add_parser(sub)
-COMMANDS = (run, replay, report, studies, serving)
+COMMANDS = (run, replay, report, studies, serving, releases)
 
 
 def build_parser() -> argparse.ArgumentParser:

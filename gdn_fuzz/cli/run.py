@@ -19,6 +19,7 @@ from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
 from gdn_fuzz.properties import REGISTRY
 from gdn_fuzz.strategies import POOL_SCALES
+from gdn_fuzz.targets import releases
 
 
 def validate_run_args(args) -> None:
@@ -27,6 +28,8 @@ def validate_run_args(args) -> None:
         raise UsageError(f"--seconds={args.seconds:g}: give a positive number of seconds")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples={args.examples}: give at least 1")
+    if getattr(args, "release", None) and args.release not in releases.RELEASES:
+        raise UsageError(f"--release={args.release!r}: no model for it; use one of {', '.join(releases.RELEASES)}")
     if args.launch_timeout is not None and not (args.launch_timeout > 0):
         raise UsageError(f"--launch-timeout={args.launch_timeout:g}: give a positive number of seconds")
     if args.torch_threads is not None and args.torch_threads < 1:
@@ -68,6 +71,9 @@ def cmd_run(args) -> int:
     except UsageError as e:
         console.print(f"[red]gdn-fuzz run:[/red] {e}", markup=True)
         return EXIT_USAGE
+    if getattr(args, "release", None):
+        # the release model of targets that are no released file, for this run and its worker processes
+        os.environ[releases.RELEASE_ENV] = args.release
     if args.ray is not None:
         return run_on_ray(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
     if args.gpus:
@@ -208,8 +214,12 @@ def cmd_run(args) -> int:
 
 def add_parser(sub) -> None:
     r = sub.add_parser("run", help="fuzz a target within a time or example budget")
-    r.add_argument("--target", help="reference | production | sm100 | PATH.py (default: production on an SM90+ GPU, else reference)")
+    r.add_argument("--target", help="reference | production | production@VERSION | sm100 | mutant:NAME | PATH.py "
+                   "(default: production on an SM90+ GPU, else reference)")
     r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")
+    r.add_argument("--release", help="release model (" + ", ".join(releases.RELEASES) + ") of a target that is no "
+                   "released file: your kernel, an edited or newer FlashInfer (default: detected; "
+                   "gdn_fuzz.targets.releases)")
     r.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
     r.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
     r.add_argument("--pool-scales", nargs="+", choices=[*POOL_SCALES, "none"],

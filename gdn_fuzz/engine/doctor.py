@@ -6,8 +6,7 @@ import importlib.metadata as md
 import importlib.util
 import platform
 
-from gdn_fuzz.arms import ARM_NAMES
-from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
+from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target, releases
 
 
 def _version(dist: str) -> str:
@@ -20,24 +19,30 @@ def _version(dist: str) -> str:
 def report() -> str:
     import torch
 
+    installed = releases.installed_version()
     lines = [f"python {platform.python_version()}  torch {torch.__version__}  "
              f"flashinfer-python {_version('flashinfer-python')}  nvidia-cutlass-dsl {_version('nvidia-cutlass-dsl')}  "
              f"hypothesis {_version('hypothesis')}"]
+    majors = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
+            majors.append(cap[0])
             lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)} SM{cap[0]}{cap[1]}")
     else:
         lines.append("GPU: none (torch.cuda.is_available() is False)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for name in ("reference", "production", "sm100"):
+    lines += _releases(installed)
+    names = ["reference", "production", *[f"production@{v}" for v in releases.RELEASES if v != installed], "sm100"]
+    for name in names:
         try:
             t = get_target(name)
         except (TargetUnavailable, ValueError) as e:
             lines.append(f"target {name}: unavailable: {e}")
             continue
         arms_ok, arms_bad = [], []
-        for arm in ARM_NAMES:
+        legal = t.release.release.entry(t.model_entry).arms
+        for arm in legal:
             try:
                 t.module(arm)
                 arms_ok.append(arm)
@@ -45,18 +50,62 @@ def report() -> str:
                 arms_bad.append(f"{arm} ({type(e).__name__}: {e})")
         why = t.unavailable_reason(device)
         lines.append(f"target {name}: {t.path}")
+        lines.append(f"  release model: {t.release}")
+        lines.append(f"  entry point: {t.entry} (arms it serves: {', '.join(legal)})")
         lines.append(f"  arms that import: {', '.join(arms_ok) or 'none'}")
         for b in arms_bad:
             lines.append(f"  arm fails to import: {b}")
         lines.append(f"  launches on {device}: " + ("yes" if why is None else f"no: {why}"))
-        if why is not None and name == "production" and arms_ok:
-            lines.append("  host checks (H1-H14) still run here: tests/test_host_checks.py")
+        if t.released and t.model_entry == "flush":
+            for b in t.release.release.backends:
+                here = [m for m in majors if m in b.sm_major]
+                lines.append(f"  backend {b.name}: arms {', '.join(b.arms)}, T {_span(b.Ts)}"
+                             + (f", HV/H {b.heads_per_key[0]}-{b.heads_per_key[1]}" if b.heads_per_key else "")
+                             + ("" if b.pdl else ", no pdl_trigger")
+                             + f"; GPU majors {', '.join(map(str, b.sm_major))}: "
+                               + ("this machine has one" if here else "none on this machine"))
+        if why is not None and arms_ok and t.released:
+            lines.append("  host checks run here: tests/test_host_checks.py (this release's model), "
+                         "tests/test_sm100.py (UMMA routing on an SM100 stand-in)")
     lines += _siblings(device)
+    lines += _materializer(installed)
     ray = _version("ray")
     lines.append("fleets: --processes N / --gpus here; --ray: " + (
         f"ray {ray} installed (a cluster: `ray start --head`, then --ray auto; docs/fleet.md)" if ray != "not installed"
         else "ray not installed (pip install 'gdn-fuzz[cluster]')"))
     return "\n".join(lines)
+
+
+def _span(Ts) -> str:
+    Ts = sorted(Ts)
+    return f"{Ts[0]}-{Ts[-1]}" if len(Ts) > 2 and Ts == list(range(Ts[0], Ts[-1] + 1)) else ", ".join(map(str, Ts))
+
+
+def _releases(installed: str | None) -> list[str]:
+    """The modelled releases, which is installed, where the others' files are (gdn-fuzz release fetch)."""
+    out = [f"release models: {', '.join(releases.RELEASES)} (default {releases.DEFAULT.version}); installed: "
+           f"{installed or 'none'}" + ("" if installed is None or installed in releases.RELEASES else
+                                       f" (no model: modelled as {releases.NEWEST.version}, `gdn-fuzz diff "
+                                       f"{releases.NEWEST.version} production`)")]
+    for v in releases.RELEASES:
+        if v == installed:
+            continue
+        try:
+            out.append(f"  {v}: {releases.release_file(v)} (target production@{v})")
+        except (TargetUnavailable, releases.ReleaseFileError) as e:
+            out.append(f"  {v}: not here ({str(e).split(';')[-1].strip()})")
+    return out
+
+
+MATERIALIZE = "flashinfer.gdn_kernels.gdn_prefix_materialize"
+
+
+def _materializer(installed: str | None) -> list[str]:
+    """0.7.4's prefix materializer: whether it is installed; gdn_fuzz does not drive it yet (issue 31)."""
+    p = releases.installed_file("gdn_prefix_materialize.py")
+    return [f"kernel {MATERIALIZE}.gdn_prefix_materialize (prefix cache, flashinfer-python 0.7.4): "
+            + (f"installed ({p})" if p else "not installed"),
+            "  driven by gdn_fuzz: not yet (its target, oracle and properties are the next issue)"]
 
 
 SIBLING = "flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache"  # the verify-only kernel, same release
@@ -72,7 +121,7 @@ def _siblings(device: str) -> list[str]:
     except (ImportError, ValueError):
         found = False
     out = [f"kernel {SIBLING}.gated_delta_rule_mtp_ucache (verify-only sibling: 16-slot ring, state read-only): "
-           + ("installed" if found else "not installed (flashinfer-python 0.7.2.post1 ships it)"),
+           + ("installed" if found else "not installed (flashinfer-python 0.7.2.post1 and 0.7.4 ship it)"),
            "  launches on an SM90 GPU, like the production target; driven by gdn_fuzz: yes, by "
            "tests/test_verify_sibling.py (gdn_fuzz.properties.sibling: its launch vs a float64 oracle of its "
            "16-slot ring, and bitwise vs the fused kernel's verify rows at cache_base 0; GPU only, not a "
