@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 30 on the lent H200: the GPU suite on flashinfer-python 0.7.4 and on 0.7.2.post1 from one commit,
+# and the release differential 0.7.2.post1 -> 0.7.4.
+#   bash tools/h200_issue30.sh setup doctor suite74      (first call: carries .gpu, unpacks it to /tmp/gdn)
+#   bash tools/h200_issue30.sh suite72                   (next call, within 30 s: /tmp/gdn must still be there)
+#   bash tools/h200_issue30.sh diff campaign
+# The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
+# site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
+# there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
+# Logs under $OUT/r/.  The committed corpus is copied to $OUT/r/corpus-REL: its open production entries
+# are the known bugs, and anything new lands in the copy.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; R=$OUT/r; mkdir -p "$R"
+export PYTHONUNBUFFERED=1
+SITE=/tmp/gdn/site
+BASE_PP=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
+export PYTHONPATH=$BASE_PP:${PYTHONPATH:-}
+need_bundle() { [ -d $SITE ] || { echo "bundle gone from /tmp/gdn: carry .gpu and run setup again"; exit 3; }; }
+for step in "$@"; do
+  s=$(date +%s)
+  case "$step" in
+    setup)
+      if [ -f .gpu/site.tar.xz ]; then
+        mkdir -p /tmp/gdn && xz -d -T0 < .gpu/site.tar.xz | tar x -C /tmp/gdn && echo "bundle unpacked to /tmp/gdn"
+      elif [ -d $SITE ]; then
+        echo "bundle already in /tmp/gdn (machine kept warm)"
+      else
+        echo "no bundle: carry .gpu or call within 30 s of the call that unpacked it"; exit 3
+      fi
+      mkdir -p /tmp/gdn/rel && ln -sfn $SITE /tmp/gdn/rel/0.7.4
+      python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || { cat "$R/install.log"; exit 3; }
+      { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+        python3 -c "import torch,sys,hypothesis; print(sys.version); print('torch', torch.__version__, 'hypothesis', hypothesis.__version__)"
+        cat $SITE/BUNDLE_VERSIONS 2>/dev/null; git log -1 --format='commit %H %s' 2>/dev/null; } > "$R/env.txt" 2>&1 ;;
+    doctor)
+      need_bundle; timeout 120 gdn-fuzz doctor > "$R/doctor.txt" 2>&1 ;;
+    suite74|suite72)
+      need_bundle
+      rel=0.7.4; pp=$BASE_PP
+      if [ "$step" = suite72 ]; then rel=0.7.2.post1; pp=$SITE/releases/0.7.2.post1:$BASE_PP; fi
+      rm -rf "$R/corpus-$rel" && cp -r corpus "$R/corpus-$rel"
+      PYTHONPATH=$pp GDN_FUZZ_RELEASES=/tmp/gdn/rel timeout "${SUITE_S:-560}" python3 -m pytest tests -n "${SUITE_N:-8}" \
+        -p no:cacheprovider -q -rfEsx --gdn-target production --gdn-corpus "$R/corpus-$rel" --durations=15 \
+        ${SUITE_FLAGS:-} > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    diff)
+      need_bundle
+      timeout 300 gdn-fuzz diff 0.7.2.post1 0.7.4 --device cuda --examples "${DIFF_N:-200}" \
+        --markdown "$R/diff-cuda.md" --json "$R/diff-cuda.json" > "$R/diff.txt" 2>&1
+      echo "diff (cuda) rc=$?"
+      timeout 200 gdn-fuzz diff 0.7.2.post1 0.7.4 --host-device cpu --examples 0 \
+        --markdown "$R/diff-cpu-tensors.md" --json "$R/diff-cpu-tensors.json" >> "$R/diff.txt" 2>&1
+      echo "diff (cpu tensors) rc=$?" ;;
+    campaign)
+      need_bundle; [ -d "$R/corpus-0.7.4" ] || cp -r corpus "$R/corpus-0.7.4"
+      timeout "$(( ${CAMPAIGN_S:-60} + 120 ))" gdn-fuzz run --target production --warm-up --seconds "${CAMPAIGN_S:-60}" \
+        --corpus "$R/corpus-0.7.4" --json "$R/campaign.json" > "$R/campaign.txt" 2>&1
+      echo "campaign rc=$?" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  echo "$step $(( $(date +%s) - s ))s"
+  tail -n 25 "$R/$step.txt" 2>/dev/null | cut -c1-240
+done
