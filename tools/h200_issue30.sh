@@ -2,6 +2,9 @@
 # Issue 30 on the lent H200: the GPU suite on flashinfer-python 0.7.4 and on 0.7.2.post1 from one commit,
 # and the release differential 0.7.2.post1 -> 0.7.4.
 #   bash tools/h200_issue30.sh setup doctor suite74      (first call: carries .gpu, unpacks it to /tmp/gdn)
+# When the bundle and the working tree exceed one call's 64 MiB, split the bundle
+# (`split -b 34000000 -d .gpu/site.tar.xz .gpu/part-`), carry .gpu/part-00 in a first call that runs
+# `bash tools/h200_issue30.sh part`, then .gpu/part-01 in the next (within 30 s) with `setup ...`.
 #   bash tools/h200_issue30.sh suite72                   (next call, within 30 s: /tmp/gdn must still be there)
 #   bash tools/h200_issue30.sh diff campaign
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
@@ -19,8 +22,13 @@ need_bundle() { [ -d $SITE ] || { echo "bundle gone from /tmp/gdn: carry .gpu an
 for step in "$@"; do
   s=$(date +%s)
   case "$step" in
+    part)
+      mkdir -p /tmp/gdnparts && cp .gpu/part-* /tmp/gdnparts/ && ls -l /tmp/gdnparts ;;
     setup)
-      if [ -f .gpu/site.tar.xz ]; then
+      if [ ! -f .gpu/site.tar.xz ] && ls .gpu/part-* > /dev/null 2>&1 && [ -d /tmp/gdnparts ]; then
+        cp .gpu/part-* /tmp/gdnparts/ && cat /tmp/gdnparts/part-* > /tmp/gdnparts/site.tar.xz
+        mkdir -p /tmp/gdn && xz -d -T0 < /tmp/gdnparts/site.tar.xz | tar x -C /tmp/gdn && echo "bundle (in parts) unpacked to /tmp/gdn"
+      elif [ -f .gpu/site.tar.xz ]; then
         mkdir -p /tmp/gdn && xz -d -T0 < .gpu/site.tar.xz | tar x -C /tmp/gdn && echo "bundle unpacked to /tmp/gdn"
       elif [ -d $SITE ]; then
         echo "bundle already in /tmp/gdn (machine kept warm)"
