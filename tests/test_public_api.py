@@ -41,7 +41,9 @@ def test_example_property_finds_a_planted_bug():
 def test_public_names_resolve_and_import_changes_nothing():
     """Every name in __all__ resolves; importing gdn_fuzz, its public names and then every module of the
     package (plugin, CLI, studies, serving included) in a fresh process leaves Hypothesis' profile,
-    torch's thread count and the environment (CUDA_VISIBLE_DEVICES in an xdist worker too) as they were."""
+    torch's thread count and the environment (CUDA_VISIBLE_DEVICES in an xdist worker too) as they were,
+    and CUDA uninitialized (a driver that forks campaign workers after CUDA started hands them a broken
+    context: the H200 showed it when an import asked torch.cuda.is_current_stream_capturing())."""
     import os
     import subprocess
     import sys
@@ -52,7 +54,7 @@ def test_public_names_resolve_and_import_changes_nothing():
         m = __import__(mod, fromlist=["__all__"])
         assert all(hasattr(m, n) for n in m.__all__)
     show = ("import torch\nprint(hypothesis.settings.get_current_profile_name(), hypothesis.settings().max_examples, "
-            "torch.get_num_threads(), os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
+            "torch.get_num_threads(), os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.is_initialized())\n"
             "import json\nprint(json.dumps(dict(os.environ)).replace(' ', ''))")
     every = ("import pkgutil, importlib\nfor m in pkgutil.walk_packages(gdn_fuzz.__path__, 'gdn_fuzz.'):\n"
              "    if not m.name.endswith('__main__'):\n        importlib.import_module(m.name)\n")

@@ -22,6 +22,7 @@ message names the argument where the model says it does; never a message's wordi
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -315,7 +316,11 @@ def compatible(changes: Iterable[Change]) -> bool:
 # ------------------------------------------------------------------ the environment of a call
 
 
-def _capture_probe_raises() -> bool:
+@functools.lru_cache(maxsize=None)
+def capture_probe_raises() -> bool:
+    """torch.cuda.is_current_stream_capturing() raises here (a CPU build of torch).  Asked on first use,
+    never at import: on a CUDA build the call initializes CUDA, and a process that forks campaign workers
+    afterwards would hand them a broken CUDA context."""
     try:
         torch.cuda.is_current_stream_capturing()
     except RuntimeError:
@@ -323,7 +328,6 @@ def _capture_probe_raises() -> bool:
     return False
 
 
-CAPTURE_PROBE_RAISES = _capture_probe_raises()
 CVT_RS_CC = ((10, 0), (10, 3), (10, 7))  # U _CVT_RS_CC: archs whose ptxas takes cvt.rs
 
 
@@ -339,7 +343,7 @@ class Env:
     no device or capture probe: ANY_DEVICE.
     """
 
-    capture_raises: bool = CAPTURE_PROBE_RAISES
+    capture_raises: bool | None = None  # None: capture_probe_raises(), asked when a condition needs it
     cc: tuple[int, int] | None = None
     standin: bool = False
 
@@ -415,7 +419,7 @@ ANY_DEVICE = Env(capture_raises=False, cc=(0, 0))  # probes that never refuse; n
 
 CONDITIONS: dict[str, Callable[[Call], bool]] = {
     "restart_cursors": _restart_cursors,
-    "cpu_torch": lambda c: c.env.capture_raises,
+    "cpu_torch": lambda c: capture_probe_raises() if c.env.capture_raises is None else c.env.capture_raises,
     "no_device": _no_device,
     "not_hmma": lambda c: c.kw.get("backend", "auto") != "hmma",
     "umma_module": lambda c: getattr(c.module, "_UMMA", None) is not None,
@@ -610,24 +614,27 @@ def probe(fn: Callable[..., object], module, release: Release, entry: str, arm: 
     return Probe(tuple(c.id for c in changes), arm, exp, obs, judge(exp, obs), changed)
 
 
+def single_calls(entry: EntryModel, change: Change, extras: Iterable[dict] = ({},), arms: Iterable[str] | None = None):
+    """(arm, extra) of every call a single-change probe of `change` makes: each arm the change applies to and
+    the entry serves (or of `arms`), with each extra keyword set that does not touch what the change touches."""
+    for extra in extras:
+        if extra and set(extra) & set(change.touches):
+            continue
+        for arm in change.arms:
+            if arm in entry.arms and (arms is None or arm in arms):
+                yield arm, extra
+
+
 def single_change_table(fn_for: Callable[[str], Callable[..., object]], module_for: Callable[[str], object],
                         release: Release, entry: str, device="cpu", arms: Iterable[str] | None = None,
                         extras: Iterable[dict] = ({},), standin_cc=None) -> list[Probe]:
     """Every single change the entry's model covers, on every arm it applies to (or `arms`), with each of
     `extras` (e.g. {} and {"backend": "hmma"}): the probes a release differential tabulates."""
-    out = []
     em = release.entry(entry)
-    for extra in extras:
-        for c in changes_for(em):
-            for arm in c.arms:
-                if arm not in em.arms or (arms is not None and arm not in arms):
-                    continue
-                if extra and set(extra) & set(c.touches):
-                    continue
-                out.append(probe(fn_for(arm), module_for(arm), release, entry, arm, [c], device, extra, standin_cc))
-    return out
+    return [probe(fn_for(arm), module_for(arm), release, entry, arm, [c], device, extra, standin_cc)
+            for c in changes_for(em) for arm, extra in single_calls(em, c, extras, arms)]
 
 
 __all__ = ["Change", "CHANGES", "get_change", "apply_changes", "compatible", "Env", "Call", "CONDITIONS",
            "Expected", "NotModelled", "catch", "expect", "Observed", "observe_call", "judge", "names_argument",
-           "changes_for", "probe", "Probe", "base_call", "with_T", "single_change_table"]
+           "changes_for", "probe", "Probe", "base_call", "with_T", "single_calls", "single_change_table"]

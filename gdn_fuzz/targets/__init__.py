@@ -98,11 +98,10 @@ class Target:
         if self.model_entry == "umma":
             return "umma"
         rel = self.release.release
-        major = None
-        if device is not None and str(device).startswith("cuda"):
-            import torch
-
-            major = torch.cuda.get_device_capability(torch.device(device))[0]
+        if not any(b.name != "hmma" and b.serves(arm, T, H, HV, m, contiguous, pdl)
+                   for b in rel.backends for m in b.sm_major):
+            return "hmma"  # no other backend serves this shape on any GPU: no need to ask which GPU this is
+        major = releases.gpu_major(device)
         for b in rel.backends:
             if b.serves(arm, T, H, HV, major, contiguous, pdl):
                 return b.name

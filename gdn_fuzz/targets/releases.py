@@ -32,6 +32,7 @@ $GDN_FUZZ_RELEASES (folders, os.pathsep-separated), ~/.cache/gdn_fuzz/releases a
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import os
 import subprocess
@@ -371,6 +372,7 @@ UMMA_074 = EntryModel(
         "restart-cache_base=None": "U.cache_base",
         "T=6": None, "T=1": None, "T=16": "U.T", "T=9": "U.T", "T=0": "U.T",
         "flush_min=0": "U.flush_min", "flush_min=14": "U.flush_min", "flush_min=-5": "U.flush_min",
+        "flush_min=18-T": "U.flush_min", "pdl_trigger": "signature",
         "heads_per_cta=3": "U.hpc", "heads_per_cta=1": None,
         "stochastic_rounding=none": None, "stochastic_rounding=philox": "U.philox_seed",
         "stochastic_rounding=lcg": None, "stochastic_rounding=garbage": "U.sr",
@@ -479,6 +481,34 @@ class Detected:
 
     def __str__(self) -> str:
         return f"{self.release.version} ({self.how})"
+
+
+def gpu_major(device) -> int | None:
+    """The compute-capability major of a CUDA `device`, None for other devices or where it cannot be told.
+    A process that has not initialized CUDA does not start now (a campaign's driver forks its workers
+    later, and they would inherit a broken context): it asks nvidia-smi instead, once per device."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    if torch.cuda.is_initialized():
+        return torch.cuda.get_device_capability(torch.device(device))[0]
+    return _smi_major(torch.device(device).index or 0, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.lru_cache(maxsize=None)
+def _smi_major(index: int, visible: str | None) -> int | None:
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    if ids is not None:
+        if index >= len(ids) or not ids[index].isdigit():
+            return None  # a UUID or MIG name: not mapped here
+        index = int(ids[index])
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return int(float(out[index]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def sha256(path: Path) -> str:
