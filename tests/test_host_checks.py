@@ -167,16 +167,10 @@ def test_single_change(target, change):
     except hc.NotModelled as e:
         pytest.skip(str(e))
     problems = []
-    for extra in variants(target):
-        if extra and set(extra) & set(change.touches):
-            continue
-        for arm in change.arms:
-            if arm not in em.arms:
-                continue
-            pr = run_probe(target, arm, [change], extra)
-            why = _verdict(target, pr)
-            if why:
-                problems.append(f"{arm} {extra or ''}: {why}")
+    for arm, extra in hc.single_calls(em, change, variants(target)):
+        why = _verdict(target, run_probe(target, arm, [change], extra))
+        if why:
+            problems.append(f"{arm} {extra or ''}: {why}")
     if problems and not target.release.exact:
         pytest.skip(f"contract change against the {target.release} model (test_contract_changes tabulates them): "
                     + problems[0])
@@ -239,27 +233,21 @@ def test_single_changes_on_cuda_tensors(target):
     if target.unavailable_reason("cuda"):
         pytest.skip(target.unavailable_reason("cuda"))
     em = entry_of(target)
-    problems, n, skipped = [], 0, 0
+    problems, n = [], 0
     for change in hc.changes_for(em):
-        for extra in variants(target):
-            if extra and set(extra) & set(change.touches):
+        for arm, extra in hc.single_calls(em, change, variants(target)):
+            mod = target.module(arm)
+            kw = hc.apply_changes(hc.base_call(arm, 4, "cuda") | extra, arm, [change])
+            exp = hc.expect(target.release.release, target.model_entry, [change],
+                            hc.Call(kw, ARMS[arm], hc.Env.for_call(kw, mod), mod))
+            if exp.check is None and not change.legal:
                 continue
-            for arm in change.arms:
-                if arm not in em.arms:
-                    continue
-                mod = target.module(arm)
-                kw = hc.apply_changes(hc.base_call(arm, 4, "cuda") | extra, arm, [change])
-                exp = hc.expect(target.release.release, target.model_entry, [change],
-                                hc.Call(kw, ARMS[arm], hc.Env.for_call(kw, mod), mod))
-                if exp.check is None and not change.legal:
-                    skipped += 1
-                    continue
-                pr = hc.probe(getattr(mod, target.entry), mod, target.release.release, target.model_entry, arm,
-                              [change], "cuda", extra)
-                n += 1
-                why = _verdict(target, pr)
-                if why:
-                    problems.append(f"{change.id} {arm} {extra or ''}: {why}")
+            pr = hc.probe(getattr(mod, target.entry), mod, target.release.release, target.model_entry, arm,
+                          [change], "cuda", extra)
+            n += 1
+            why = _verdict(target, pr)
+            if why:
+                problems.append(f"{change.id} {arm} {extra or ''}: {why}")
     torch.cuda.synchronize()
     assert n > 100 and not problems, f"{target.name} ({target.release}), {n} calls:\n" + "\n".join(problems)
 

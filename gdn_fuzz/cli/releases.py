@@ -57,14 +57,14 @@ def cmd_diff(args) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     host_device = args.host_device or device
+    arms = parse_arms(args.arms) if args.arms else None
     t0 = time.monotonic()
-    host = release_diff.host_check_diff(old, new, host_device)
+    host = release_diff.host_check_diff(old, new, host_device, arms)
     console.print(f"host checks: {host['probes']} calls on {host_device} tensors in {time.monotonic() - t0:.0f} s, "
                   f"{len(host['rows'])} rows differ")
     launches = None
     why = old.unavailable_reason(device) or new.unavailable_reason(device)
     if args.examples > 0 and why is None:
-        arms = parse_arms(args.arms) if args.arms else None
         launches = release_diff.launch_diff(old, new, device, args.examples, arms, tuple(args.T), args.seed)
     elif why:
         console.print(f"launches: not run ({why})")
@@ -94,7 +94,7 @@ def add_parser(sub) -> None:
     d.add_argument("--device", help="device of the launches (default: cuda when available)")
     d.add_argument("--host-device", help="device of the host-check calls' tensors (default: --device)")
     d.add_argument("--examples", type=int, default=50, help="drawn launches (0: host checks only)")
-    d.add_argument("--arms", nargs="+")
+    d.add_argument("--arms", nargs="+", help="arms of the host-check calls and the launches (default: every arm)")
     d.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json")

@@ -104,8 +104,9 @@ def _probe(target: Target, change: hc.Change, arm: str, device: str) -> hc.Probe
         return None
 
 
-def host_check_diff(old: Target, new: Target, device: str = "cpu") -> dict:
-    """{rows: [HostRow] (changes whose outcome differs), probes: n, same: n, misfits: [(side, change, arm, problem)]}."""
+def host_check_diff(old: Target, new: Target, device: str = "cpu", arms=None) -> dict:
+    """{rows: [HostRow] (changes whose outcome differs), probes: n, same: n, misfits: [(side, change, arm, problem)]};
+    arms: only these (default: every arm a change applies to)."""
     ems = [t.release.release.entry(t.model_entry) for t in (old, new)]
     covered = []
     for c in hc.CHANGES.values():
@@ -115,6 +116,8 @@ def host_check_diff(old: Target, new: Target, device: str = "cpu") -> dict:
     misfits, probes, same = [], 0, 0
     for c in covered:
         for arm in c.arms:
+            if arms is not None and arm not in arms:
+                continue
             po, pn = _probe(old, c, arm, device), _probe(new, c, arm, device)
             if po is None and pn is None:
                 continue
