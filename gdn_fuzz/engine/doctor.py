@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import platform
+import subprocess
+import sys
 
-from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target, releases
+from gdn_fuzz.arms import ARMS
+from gdn_fuzz.targets import PRODUCTION_MODULE, TargetMismatch, TargetUnavailable, get_target, releases
 
 
 def _version(dist: str) -> str:
@@ -101,11 +104,29 @@ MATERIALIZE = "flashinfer.gdn_kernels.gdn_prefix_materialize"
 
 
 def _materializer(installed: str | None) -> list[str]:
-    """0.7.4's prefix materializer: whether it is installed; gdn_fuzz does not drive it yet (issue 31)."""
+    """0.7.4's prefix materializer: whether it is installed, the one arm it has in this process (that of
+    the package's copy of the flush module at its first import, PMD3), where it would launch; gdn_fuzz
+    does not drive it yet (issue 31)."""
     p = releases.installed_file("gdn_prefix_materialize.py")
-    return [f"kernel {MATERIALIZE}.gdn_prefix_materialize (prefix cache, flashinfer-python 0.7.4): "
-            + (f"installed ({p})" if p else "not installed"),
-            "  driven by gdn_fuzz: not yet (its target, oracle and properties are the next issue)"]
+    out = [f"kernel {MATERIALIZE}.gdn_prefix_materialize (prefix cache, flashinfer-python 0.7.4): "
+           + (f"installed ({p})" if p else "not installed")]
+    if p:
+        # a fresh process with this environment: what a server that imports FlashInfer now would get (this
+        # process has imported the package's flush module already, under the first arm gdn_fuzz loaded)
+        code = (f"import importlib, sys; importlib.import_module({MATERIALIZE!r}); "
+                f"m = sys.modules[{PRODUCTION_MODULE!r}]; print(m.IO_TORCH, m.ST_TORCH, m.RING_TORCH)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        got = r.stdout.split()
+        arm = next((a.name for a in ARMS.values() if [str(a.io), str(a.state), str(a.ring)] == got), None)
+        if r.returncode == 0 and arm:
+            out.append(f"  its arm with this environment: {arm} (that of the package's flush module at its first "
+                       "import, from GDN_UCACHE_*_DTYPE then, PMD3: another arm needs another process)")
+        else:
+            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            out.append(f"  fails to import with this environment: {last}")
+        out.append("  launches on an SM90+ GPU (no arch gate, PMS9)")
+    out.append("  driven by gdn_fuzz: not yet (its target, oracle and properties are the next issue)")
+    return out
 
 
 SIBLING = "flashinfer.gdn_kernels.gdn_decode_bf16_wy_ucache"  # the verify-only kernel, same release
