@@ -74,11 +74,12 @@ def test_kernel_module_env_var_picks_the_file(monkeypatch, tmp_path):
 
 
 def test_sm100_variant_reports_why_it_is_unavailable():
-    """The SM100 module ships with FlashInfer >= 0.7.3 (absent here) and needs a B200."""
+    """The SM100 module ships with flashinfer-python 0.7.4 (absent with 0.7.2.post1 installed) and needs an
+    SM100-class GPU: the reason says both."""
     try:
         t = get_target("sm100")
     except TargetUnavailable as e:
-        assert "0.7.3" in str(e) and "SM100" in str(e)
+        assert "0.7.4" in str(e) and "SM100" in str(e)
     else:  # installed: it still cannot launch without an SM100 GPU
         assert t.unavailable_reason("cpu")
 

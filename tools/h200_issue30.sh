@@ -51,6 +51,12 @@ for step in "$@"; do
         -p no:cacheprovider -q -rfEsx --gdn-target production --gdn-corpus "$R/corpus-$rel" --durations=15 \
         ${SUITE_FLAGS:-} > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
+    focus74|focus72)
+      # chosen tests alone (FOCUS: pytest arguments), on 0.7.4 or with 0.7.2.post1 first on PYTHONPATH
+      need_bundle; pp=$BASE_PP; [ "$step" = focus72 ] && pp=$SITE/releases/0.7.2.post1:$BASE_PP
+      PYTHONPATH=$pp GDN_FUZZ_RELEASES=/tmp/gdn/rel timeout 300 python3 -m pytest $FOCUS -p no:cacheprovider -q -rfEsx \
+        --gdn-target production > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
     diff)
       need_bundle
       timeout 300 gdn-fuzz diff 0.7.2.post1 0.7.4 --device cuda --examples "${DIFF_N:-200}" \
