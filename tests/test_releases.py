@@ -143,11 +143,12 @@ def test_the_suite_reports_a_moved_check_once(tmp_path):
     ids = [f"{f}::test_contract_changes[moved_T.py]"] + [f"{f}::test_single_change[moved_T.py-T={T}]"
                                                          for T in (0, 1, 6, 9, 16)]
     r = subprocess.run([sys.executable, "-m", "pytest", *ids, "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
-                        "--gdn-target", str(moved)],
+                        "--gdn-target", str(moved), "--gdn-arms", "bf16"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     out = r.stdout
     assert "1 failed" in out, out[-3000:]
     assert "test_contract_changes[moved_T.py]" in out and "5 host-check contract changes" in out, out[-3000:]
+    assert "(arms bf16)" in out, out[-3000:]  # --gdn-arms reaches the table
     assert out.count("contract change against the 0.7.4") == 5 and "5 skipped" in out, out[-3000:]
 
 
@@ -213,3 +214,13 @@ def test_release_list_names_each_model(capsys):
     assert cli.main(["release", "list"]) == 0
     out = capsys.readouterr().out
     assert "0.7.2.post1" in out and "0.7.4 (default)" in out
+
+
+def test_unvalidated_changes_are_not_launched_on_a_gpu():
+    """hostchecks.unvalidated_on_device: an illegal change the model lets through (0.7.2.post1 takes a one-die
+    5-D pool unvalidated) is one the CUDA-tensor probes must not launch; a refused or a legal one is not."""
+    t = get_target("reference", release="0.7.2.post1")  # no device probe: the model alone decides
+    rel, mod = t.release.release, t.module("bf16")
+    assert hc.unvalidated_on_device(mod, rel, "flush", "bf16", hc.get_change("pool-5d"), "cpu")
+    assert not hc.unvalidated_on_device(mod, rel, "flush", "bf16", hc.get_change("q=None"), "cpu")
+    assert not hc.unvalidated_on_device(mod, releases.R_074, "flush", "bf16", hc.get_change("backend=hmma"), "cpu")

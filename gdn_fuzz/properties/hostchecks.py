@@ -614,6 +614,17 @@ def probe(fn: Callable[..., object], module, release: Release, entry: str, arm: 
     return Probe(tuple(c.id for c in changes), arm, exp, obs, judge(exp, obs), changed)
 
 
+def unvalidated_on_device(module, release: Release, entry: str, arm: str, change: Change, device,
+                          extra: dict | None = None) -> bool:
+    """The change is illegal but the release model says the call passes every host check on `device`: an
+    input the release does not validate.  On a GPU such a call would launch the kernel on garbage, so the
+    CUDA-tensor probes (tests, `gdn-fuzz diff`) do not make it."""
+    if change.legal:
+        return False
+    kw = apply_changes(base_call(arm, 4, device) | (extra or {}), arm, [change])
+    return expect(release, entry, [change], Call(kw, get_arm(arm), Env.for_call(kw, module), module)).check is None
+
+
 def single_calls(entry: EntryModel, change: Change, extras: Iterable[dict] = ({},), arms: Iterable[str] | None = None):
     """(arm, extra) of every call a single-change probe of `change` makes: each arm the change applies to and
     the entry serves (or of `arms`), with each extra keyword set that does not touch what the change touches."""
@@ -637,4 +648,5 @@ def single_change_table(fn_for: Callable[[str], Callable[..., object]], module_f
 
 __all__ = ["Change", "CHANGES", "get_change", "apply_changes", "compatible", "Env", "Call", "CONDITIONS",
            "Expected", "NotModelled", "catch", "expect", "Observed", "observe_call", "judge", "names_argument",
-           "changes_for", "probe", "Probe", "base_call", "with_T", "single_calls", "single_change_table"]
+           "changes_for", "probe", "Probe", "base_call", "with_T", "single_calls", "single_change_table",
+           "unvalidated_on_device"]

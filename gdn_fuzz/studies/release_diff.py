@@ -88,16 +88,10 @@ def _probe(target: Target, change: hc.Change, arm: str, device: str) -> hc.Probe
     if arm not in em.arms:
         return None
     mod = target.module(arm)
-    if device != "cpu":  # never launch an illegal call a model lets through (module docstring)
-        kw = hc.apply_changes(hc.base_call(arm, 4, device), arm, [change])
-        try:
-            exp = hc.expect(target.release.release, target.model_entry, [change],
-                            hc.Call(kw, hc.get_arm(arm), hc.Env.for_call(kw, mod), mod))
-        except hc.NotModelled:
-            return None
-        if exp.check is None and not change.legal:
-            return None
     try:
+        if device != "cpu" and hc.unvalidated_on_device(mod, target.release.release, target.model_entry, arm,
+                                                        change, device):
+            return None  # never launch an illegal call a model lets through (module docstring)
         return hc.probe(getattr(mod, target.entry), mod, target.release.release, target.model_entry, arm,
                         [change], device)
     except hc.NotModelled:

@@ -74,19 +74,18 @@ class Target:
     base: Path | None = None  # the file a mutant was made from: the release model is that file's
     release_override: str | None = None  # a release version that models this target (else detected)
     released: bool = False  # FlashInfer's own code (production, production@V, sm100): its known bugs apply
+    _detected: releases.Detected | None = field(default=None, repr=False, compare=False)
 
     @property
     def release(self) -> releases.Detected:
         """The release model of this target (detected once; releases.detect)."""
-        got = self._compiles.get("__release__")
-        if got is None:
+        if self._detected is None:
             if self.release_override:
-                got = releases.Detected(releases.get_release(self.release_override),
-                                        f"chosen for target {self.name} (--release / {releases.RELEASE_ENV})", True)
+                self._detected = releases.Detected(releases.get_release(self.release_override),
+                                                   f"chosen for target {self.name} (get_target(release=...))", True)
             else:
-                got = releases.detect(self.path, self.model_entry, base=self.base)
-            self._compiles["__release__"] = got
-        return got
+                self._detected = releases.detect(self.path, self.model_entry, base=self.base)
+        return self._detected
 
     def backend_for(self, arm: str, T: int, H: int, HV: int, device=None, contiguous: bool = True,
                     pdl: bool = False) -> str | None:
@@ -149,6 +148,7 @@ def get_target(name: str, release: str | None = None) -> Target:
         releases.get_release(release)  # ValueError naming the modelled releases
     t = _get_target(name)
     t.release_override = release
+    t._detected = None
     return t
 
 
