@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from gdn_fuzz.arms import ARM_NAMES, ARMS
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.properties import hostchecks as hc
-from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target, releases
+from gdn_fuzz.targets import Target, TargetMismatch, TargetUnavailable, get_target, releases
 
 from . import sm100
 
@@ -217,3 +217,34 @@ def test_stochastic_rounding_rounds_to_a_neighbour_of_nearest():
     y = rn["initial_state_source"][2].view(torch.int16).int()
     same_sign = (x < 0) == (y < 0)
     assert bool(((x - y).abs() <= 1)[same_sign].all()) and bool((x[~same_sign] & 0x7FFF).le(1).all())
+
+
+def test_a_campaign_classifies_by_the_backend_of_each_launch(monkeypatch):
+    """Campaign.classify: on a launch the model routes to UMMA (here: production's backend_for patched to say
+    so, as an SM100 GPU would for the fp16-state arm), the strided a/b bug is a new finding and the cast-cache
+    bug is known; on HMMA both are known, as the corpus says."""
+    from gdn_fuzz.case import Case, Row
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.findings import Finding
+    from gdn_fuzz.properties import get_property
+
+    t = get_target("production")
+    if t.release.release.version != "0.7.4":
+        pytest.skip(f"production is modelled as {t.release}")
+    known = corpus.known_signatures("production", corpus.default_dir())
+    c = Campaign(target=t, device="cpu", properties=[get_property("launch")], arms=("bf16-state16",), Ts=(4,),
+                 geometries=((1, 2),), buckets=(4,), known=known)
+    ab = next(s for s in known if s.startswith("metamorphic.strided_ab"))
+    n5 = next(s for s in known if s.startswith("params_inplace"))
+
+    def finding(sig):
+        f = Finding(sig.split(" ")[0], sig.split("[")[1].split("]")[0], "x")
+        monkeypatch.setattr(f, "signature", lambda: sig)
+        return f
+
+    case = Case(arm="bf16-state16", T=4, H=1, HV=2, pool=3, rows=(Row(0, 3, 5),), seed=1)
+    for backend, want_new in (("hmma", set()), ("umma", {ab})):
+        monkeypatch.setattr(Target, "backend_for", lambda self, *a, **k: backend)
+        kn, new = c.classify([finding(ab), finding(n5)], case)
+        assert {f.signature() for f in new} == want_new, backend
+        assert n5 in {f.signature() for f in kn}

@@ -325,12 +325,13 @@ class Campaign:
                 self._model_known.setdefault(sig, name)
         return got
 
-    def classify(self, found, case: Case | None = None) -> tuple[list, list]:
+    def classify(self, found, case: Case | None = None, known_sigs: dict | None = None) -> tuple[list, list]:
         """(known, new) findings of one launch: known = signature of an open corpus entry of
-        this target (for the backend the launch runs on: known_for) or of a finding this campaign
-        already reported.  A failure of the machine (the worker ran out of memory: prop "resource")
-        is neither: it is counted in env_failures and never filed as a kernel bug."""
-        known_sigs = self.known_for(case)
+        this target (for the backend the launch runs on: known_for, or `known_sigs` when the caller
+        has it) or of a finding this campaign already reported.  A failure of the machine (the worker
+        ran out of memory: prop "resource") is neither: it is counted in env_failures and never filed
+        as a kernel bug."""
+        known_sigs = self.known_for(case) if known_sigs is None else known_sigs
         known, new = [], []
         for f in found:
             sig = f.signature()
@@ -423,10 +424,11 @@ class Campaign:
         on_example()
         self._on_check(prop.name, case)
         found = self._check(prop, case)
-        known, new = self.classify(found, case)
+        known_sigs = self.known_for(case)
+        known, new = self.classify(found, case, known_sigs)
         for f in known:
             sig = f.signature()
-            if sig in self.known_for(case):
+            if sig in known_sigs:
                 self.known_hits[sig] += 1
             else:
                 self.repeats[sig] += 1
@@ -477,7 +479,8 @@ class Campaign:
             if self.launch_timeout_s is not None:
                 w.timeout_s = self.launch_timeout_s
             found = w.check(prop.name, case)
-        known, new = self.classify(found, case)
+        known_sigs = self.known_for(case)
+        known, new = self.classify(found, case, known_sigs)
         sigs = sorted({f.signature() for f in found})
         fresh = sorted({f.signature() for f in new})
         for sig in fresh:
@@ -485,7 +488,7 @@ class Campaign:
             self._keep(CampaignFinding(prop.name, case, list(found), signature=sig, first_t=t,
                                        first_examples=self.stats.examples, shrink_s=0.0, shrunk=False), on_finding)
         for f in known:
-            if f.signature() in self.known_for(case):
+            if f.signature() in known_sigs:
                 self.known_hits[f.signature()] += 1
         return dict(outcome="failed" if sigs else "passed", signatures=sigs, new=fresh)
 
