@@ -262,7 +262,7 @@ def test_h11_ranges_unchecked_without_restart(target):
     kw["hist_len"][:] = torch.tensor([40, -3], dtype=torch.int32)
     kw["cache_base"][:] = torch.tensor([-7, 1000], dtype=torch.int32)
     mod = target.module(ARM0)
-    exp = hc.expect(target.release.release, target.model_entry, [], hc.Call(kw, ARMS[ARM0], hc.Env.for_call(kw, mod), mod))
+    exp = hc.expect_for(target.release.release, target.model_entry, [], kw, ARM0, mod)
     assert exp.check is None or exp.check.when, exp.describe()  # nothing but an environment check
     obs = hc.observe_call(getattr(mod, target.entry), kw)
     assert hc.judge(exp, obs) is None, hc.judge(exp, obs)
@@ -282,7 +282,7 @@ def test_host_check_gaps(target, what):
     else:
         kw["hist_len"] = kw["hist_len"][:, None].contiguous()
     mod = target.module(ARM0)
-    exp = hc.expect(target.release.release, "flush", [], hc.Call(kw, ARMS[ARM0], hc.Env.for_call(kw, mod), mod))
+    exp = hc.expect_for(target.release.release, "flush", [], kw, ARM0, mod)
     obs = hc.observe_call(getattr(mod, target.entry), kw)
     if exp.check is not None:  # production on CPU tensors: the device probe is the first check that fires
         assert hc.judge(exp, obs) is None, hc.judge(exp, obs)
@@ -309,7 +309,7 @@ def test_unchecked_cursors_pass_the_host_checks(T, flush_min, hist, base, varian
         kw["cache_base"][:] = torch.tensor(base, dtype=torch.int32)
         mod = t.module(ARM0)
         changes = [] if flush_min is None or 1 <= flush_min <= W_RING - T + 1 else [hc.get_change("flush_min=0")]
-        exp = hc.expect(t.release.release, "flush", changes, hc.Call(kw, ARMS[ARM0], hc.Env.for_call(kw, mod), mod))
+        exp = hc.expect_for(t.release.release, "flush", changes, kw, ARM0, mod)
         obs = hc.observe_call(getattr(mod, t.entry), kw)
         assert hc.judge(exp, obs) is None, f"{name} T={T} flush_min={flush_min} hist={hist} base={base}: " \
                                              f"{hc.judge(exp, obs)}"

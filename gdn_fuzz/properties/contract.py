@@ -81,11 +81,13 @@ def _scenario(scenario: str) -> hostchecks.Change:
     raise ValueError(f"guard scenario {scenario!r} is unknown; use one of {', '.join(s for s, _ in GUARD_SCENARIOS)}")
 
 
-def guard_inputs(case: Case, scenario: str, device="cpu") -> dict:
+def guard_inputs(case: Case, scenario: str, device="cpu", base: dict | None = None) -> dict:
     """The keyword arguments of one illegal call of check_guards (transformation "guard" of
-    gdn_fuzz.engine.reproducer: {"scenario": id})."""
+    gdn_fuzz.engine.reproducer: {"scenario": id}); `base`: materialize(guard_case(case), device) when the
+    caller has it (it is cloned, not changed)."""
     change = _scenario(scenario)
-    return hostchecks.apply_changes(materialize(guard_case(case), device), case.arm, [change])
+    base = materialize(guard_case(case), device) if base is None else clone_inputs(base)
+    return hostchecks.apply_changes(base, case.arm, [change])
 
 
 def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
@@ -104,15 +106,15 @@ def check_guards(target: Target, case: Case, device="cpu") -> list[Finding]:
     em = rel.entry(target.model_entry)
     gcase = guard_case(case)
     out = []
+    base = materialize(gcase, device)  # once: each scenario changes a copy
+    mod = target.module(case.arm)
     for sid, cid in GUARD_SCENARIOS:
         change = hostchecks.get_change(cid)
         if case.arm not in change.arms or case.arm not in em.arms:
             continue
-        kwargs = guard_inputs(case, sid, device)
-        mod = target.module(case.arm)
+        kwargs = guard_inputs(case, sid, device, base)
         try:
-            want = hostchecks.expect(rel, target.model_entry, [change],
-                                     hostchecks.Call(kwargs, case.arm_spec, hostchecks.Env.for_call(kwargs, mod), mod))
+            want = hostchecks.expect_for(rel, target.model_entry, [change], kwargs, case.arm_spec, mod)
         except hostchecks.NotModelled as e:
             not_exercised("guards", f"scenario {sid}: {e}")
             continue

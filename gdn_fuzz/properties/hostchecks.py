@@ -336,23 +336,22 @@ class Env:
     """Where a call runs, as far as host checks see it.
 
     capture_raises: torch.cuda.is_current_stream_capturing() raises (a CPU build of torch)
-    cc:             the compute capability the device probe reports for CUDA tensors (None: the probe
-                    rejects the call's device); `standin`: an SM100 stand-in answers the probe for CPU
-                    tensors (tests/sm100.py), so the checks after it run on the CPU
+    cc:             the compute capability the device probe reports (None: the probe rejects the call's
+                    device): the CUDA tensors' GPU, or an SM100 stand-in's that answers the probe for CPU
+                    tensors (tests/sm100.py), so that the checks after it run on the CPU
     A module with no device probe (the reference, a user's CPU kernel: probes_device() is False) has
     no device or capture probe: ANY_DEVICE.
     """
 
     capture_raises: bool | None = None  # None: capture_probe_raises(), asked when a condition needs it
     cc: tuple[int, int] | None = None
-    standin: bool = False
 
     @staticmethod
     def for_call(kw: dict, module=None, standin_cc: tuple[int, int] | None = None) -> "Env":
         if module is not None and not probes_device(module):
             return ANY_DEVICE
         if standin_cc is not None:
-            return Env(cc=tuple(standin_cc), standin=True)
+            return Env(cc=tuple(standin_cc))
         q = kw.get("q")
         if isinstance(q, torch.Tensor) and q.device.type == "cuda":
             return Env(cc=tuple(torch.cuda.get_device_capability(q.device)))
@@ -373,11 +372,6 @@ class Call:
     arm: Arm
     env: Env
     module: object = None
-
-    @property
-    def T(self) -> int | None:
-        q = self.kw.get("q")
-        return int(q.shape[1]) if isinstance(q, torch.Tensor) and q.dim() == 4 else None
 
 
 def _t(x) -> bool:
@@ -512,6 +506,13 @@ def expect(release: Release, entry: str, changes: Iterable[Change], call: Call) 
         name = nxt
 
 
+def expect_for(release: Release, entry: str, changes: Iterable[Change], kw: dict, arm: Arm | str, module,
+               standin_cc: tuple[int, int] | None = None) -> Expected:
+    """expect() of the call `kw` (changes applied) to `module` in its own environment (Env.for_call)."""
+    arm = get_arm(arm) if isinstance(arm, str) else arm
+    return expect(release, entry, changes, Call(kw, arm, Env.for_call(kw, module, standin_cc), module))
+
+
 # ------------------------------------------------------------------ what a target did, judged
 
 
@@ -602,8 +603,7 @@ def probe(fn: Callable[..., object], module, release: Release, entry: str, arm: 
     if extra:
         kw.update(extra)
     apply_changes(kw, arm, changes)
-    call = Call(kw, get_arm(arm), Env.for_call(kw, module, standin_cc), module)
-    exp = expect(release, entry, changes, call)
+    exp = expect_for(release, entry, changes, kw, arm, module, standin_cc)
     before = {k: v for k, v in clone_inputs(kw).items() if isinstance(v, torch.Tensor)}
     obs = (observe or observe_call)(fn, kw)
     changed = ()
@@ -622,7 +622,7 @@ def unvalidated_on_device(module, release: Release, entry: str, arm: str, change
     if change.legal:
         return False
     kw = apply_changes(base_call(arm, 4, device) | (extra or {}), arm, [change])
-    return expect(release, entry, [change], Call(kw, get_arm(arm), Env.for_call(kw, module), module)).check is None
+    return expect_for(release, entry, [change], kw, arm, module).check is None
 
 
 def single_calls(entry: EntryModel, change: Change, extras: Iterable[dict] = ({},), arms: Iterable[str] | None = None):
@@ -647,6 +647,6 @@ def single_change_table(fn_for: Callable[[str], Callable[..., object]], module_f
 
 
 __all__ = ["Change", "CHANGES", "get_change", "apply_changes", "compatible", "Env", "Call", "CONDITIONS",
-           "Expected", "NotModelled", "catch", "expect", "Observed", "observe_call", "judge", "names_argument",
+           "Expected", "NotModelled", "catch", "expect", "expect_for", "Observed", "observe_call", "judge", "names_argument",
            "changes_for", "probe", "Probe", "base_call", "with_T", "single_calls", "single_change_table",
            "unvalidated_on_device"]

@@ -87,22 +87,20 @@ class Target:
                 self._detected = releases.detect(self.path, self.model_entry, base=self.base)
         return self._detected
 
-    def backend_for(self, arm: str, T: int, H: int, HV: int, device=None, contiguous: bool = True,
-                    pdl: bool = False) -> str | None:
-        """The backend a launch of this shape runs on (H19): 'umma' for the sm100 target; for the released
-        flush kernel 'umma' where an SM100-class GPU and the release's UMMA backend serve it, else 'hmma';
-        None for targets that are not FlashInfer's code."""
+    def backend_for(self, arm: str, T: int, H: int, HV: int, device=None) -> str | None:
+        """The backend a launch of this shape (contiguous pools, no pdl_trigger: what a drawn Case is) runs on
+        (H19): 'umma' for the sm100 target; for the released flush kernel 'umma' where an SM100-class GPU and
+        the release's UMMA backend serve it, else 'hmma'; None for targets that are not FlashInfer's code."""
         if not self.released:
             return None
         if self.model_entry == "umma":
             return "umma"
         rel = self.release.release
-        if not any(b.name != "hmma" and b.serves(arm, T, H, HV, m, contiguous, pdl)
-                   for b in rel.backends for m in b.sm_major):
+        if not any(b.name != "hmma" and b.serves(arm, T, H, HV, m) for b in rel.backends for m in b.sm_major):
             return "hmma"  # no other backend serves this shape on any GPU: no need to ask which GPU this is
         major = releases.gpu_major(device)
         for b in rel.backends:
-            if b.serves(arm, T, H, HV, major, contiguous, pdl):
+            if b.serves(arm, T, H, HV, major):
                 return b.name
         return "hmma"
 

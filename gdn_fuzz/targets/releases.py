@@ -103,13 +103,6 @@ class EntryModel:
     order: tuple[Check, ...]
     catches: Mapping[str, str | None] = field(default_factory=dict)
     arms: tuple[str, ...] = ARM_NAMES
-    Ts: tuple[int, ...] = (4, 8)
-
-    def check(self, check_id: str) -> Check:
-        for c in self.order:
-            if c.id == check_id:
-                return c
-        raise KeyError(f"{self.name}: no host check {check_id!r}")
 
     def has(self, check_id: str) -> bool:
         return any(c.id == check_id for c in self.order)
@@ -120,7 +113,6 @@ class Backend:
     """A kernel behind the flush entry point: where it runs and what it serves."""
 
     name: str  # "hmma" | "umma"
-    entry: str  # the EntryModel that runs it
     sm_major: tuple[int, ...]  # GPU majors it launches on
     arms: tuple[str, ...]
     Ts: tuple[int, ...]
@@ -167,7 +159,6 @@ class Release:
     entries: Mapping[str, EntryModel]
     backends: tuple[Backend, ...]
     known_bugs: tuple[KnownBug, ...] = ()
-    notes: str = ""
 
     def entry(self, name: str) -> EntryModel:
         try:
@@ -176,19 +167,12 @@ class Release:
             raise KeyError(f"release {self.version} has no entry point {name!r} "
                            f"(it has {', '.join(self.entries)})") from None
 
-    def backend(self, name: str) -> Backend:
-        for b in self.backends:
-            if b.name == name:
-                return b
-        raise KeyError(f"release {self.version} has no backend {name!r}")
-
     def known_on(self, backend: str) -> dict[str, KnownBug]:
         """{signature: KnownBug} of the bugs present on `backend`."""
         return {k.signature: k for k in self.known_bugs if k.present_on(backend)}
 
     def absent_on(self, backend: str) -> set[str]:
-        return {k.signature for k in self.known_bugs if k.signature and not k.present_on(backend)
-                and backend in k.backends}
+        return {k.signature for k in self.known_bugs if backend in k.backends and not k.present_on(backend)}
 
 
 def _c(id, clause, exc, doc, names=True, when=(), route=None, gate=()) -> Check:
@@ -380,12 +364,11 @@ UMMA_074 = EntryModel(
         "rand_seed=garbage": None, "philox_rounds=0": None,
     },
     arms=("bf16-state16",),
-    Ts=(1, 2, 3, 4, 5, 6, 7, 8),
 )
 
-HMMA = Backend("hmma", "flush", sm_major=(9, 10, 11, 12), arms=ARM_NAMES, Ts=(4, 8),
+HMMA = Backend("hmma", sm_major=(9, 10, 11, 12), arms=ARM_NAMES, Ts=(4, 8),
                doc="the CuTe DSL mma.sync kernel (GdnDecodeUCacheFlushKernel); byte-identical in 0.7.2.post1 and 0.7.4")
-UMMA = Backend("umma", "umma", sm_major=(10,), arms=("bf16-state16",), Ts=(1, 2, 3, 4, 5, 6, 7, 8),
+UMMA = Backend("umma", sm_major=(10,), arms=("bf16-state16",), Ts=(1, 2, 3, 4, 5, 6, 7, 8),
                heads_per_key=(1, 4), contiguous_pools=True, pdl=False,
                doc="the tcgen05/TMEM kernel of gdn_replay_mtp_umma (SM100-class GPUs; fp16-state arm; a fp16 u ring "
                    "beside the bf16 k ring too); routed by backend='auto' (H19) or forced by 'umma'")
@@ -428,7 +411,6 @@ R_072 = Release(
     entries=MappingProxyType({"flush": FLUSH_072}),
     backends=(HMMA,),
     known_bugs=KNOWN_BUGS,
-    notes="kernel-contract.md",
 )
 
 R_074 = Release(
@@ -443,7 +425,6 @@ R_074 = Release(
     entries=MappingProxyType({"flush": FLUSH_074, "umma": UMMA_074}),
     backends=(UMMA, HMMA),  # the order backend='auto' tries them (H19)
     known_bugs=KNOWN_BUGS,
-    notes="kernel-contract-0.7.4.md (H17-H22, M9, D5-D6, N6)",
 )
 
 RELEASES: dict[str, Release] = {r.version: r for r in (R_072, R_074)}
