@@ -224,3 +224,59 @@ def test_unvalidated_changes_are_not_launched_on_a_gpu():
     assert hc.unvalidated_on_device(mod, rel, "flush", "bf16", hc.get_change("pool-5d"), "cpu")
     assert not hc.unvalidated_on_device(mod, rel, "flush", "bf16", hc.get_change("q=None"), "cpu")
     assert not hc.unvalidated_on_device(mod, releases.R_074, "flush", "bf16", hc.get_change("backend=hmma"), "cpu")
+
+
+def test_launch_diff_counts_identical_tolerated_and_different_outputs():
+    """release_diff.launch_diff on the CPU, where both sides launch: the reference against itself is
+    bit-identical everywhere; against the catalogued u_stored_io edit (u rounded to IO before the fp16 ring:
+    within the oracle's u tolerance) the u ring is within tolerance; against fold_skipped (flush rows never
+    write the fold) the pool is different, and what the edits do not touch stays bit-identical."""
+    ref = get_target("reference")
+    same = release_diff.launch_diff(ref, ref, "cpu", examples=6, arms=("bf16",), Ts=(4,))
+    assert all(set(c) <= {"bit-identical"} for k, c in same["counts"].items() if k != "raised"), same["counts"]
+    assert same["counts"]["y"]["bit-identical"] == same["examples"] == 6
+    u = release_diff.launch_diff(ref, get_target("mutant:u_stored_io"), "cpu", examples=12, arms=("bf16-ring16",),
+                                 Ts=(4,))["counts"]
+    assert u["u_cache"].get("within tolerance", 0) > 0 and not u["u_cache"].get("different"), u
+    assert set(u["initial_state_source"]) == {"bit-identical"}, u
+    fold = release_diff.launch_diff(ref, get_target("mutant:fold_skipped"), "cpu", examples=12, arms=("bf16",),
+                                    Ts=(4,))["counts"]
+    assert fold["initial_state_source"].get("different", 0) > 0, fold
+    assert set(fold["u_cache"]) == {"bit-identical"} and set(fold["y"]) == {"bit-identical"}, fold
+
+
+def test_a_release_file_with_the_wrong_bytes_is_refused(tmp_path, monkeypatch):
+    """release_file: a folder that claims a modelled release but holds another file is an error naming it and
+    the fix, not a silently wrong model."""
+    d = tmp_path / "0.7.2.post1" / "flashinfer" / "gdn_kernels"
+    d.mkdir(parents=True)
+    (d / releases.FLUSH_FILE).write_text("RING_SLOTS = 32\n")
+    monkeypatch.setenv(releases.RELEASES_DIRS_ENV, str(tmp_path))
+    monkeypatch.setattr(releases, "installed_file", lambda fname=releases.FLUSH_FILE: None)
+    with pytest.raises(releases.ReleaseFileError, match="gdn-fuzz release fetch 0.7.2.post1"):
+        releases.release_file("0.7.2.post1")
+
+
+def test_gpu_major_asks_nvidia_smi_without_starting_cuda(tmp_path, monkeypatch):
+    """releases.gpu_major in a process that has not started CUDA: nvidia-smi's compute_cap of the device,
+    through CUDA_VISIBLE_DEVICES; None where it cannot tell (a UUID, no such GPU, no nvidia-smi)."""
+    import torch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 9.0\necho 10.0\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    releases._smi_major.cache_clear()
+    try:
+        assert releases.gpu_major("cpu") is None
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert releases.gpu_major("cuda") == 9 and releases.gpu_major("cuda:1") == 10
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+        assert releases.gpu_major("cuda") == 10
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5f3c")
+        assert releases.gpu_major("cuda") is None
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+        assert releases.gpu_major("cuda") is None
+    finally:
+        releases._smi_major.cache_clear()
