@@ -256,3 +256,36 @@ STUDY_H200_Y = {
     ("8", "bf16-state16"): 2.339e-03, ("8", "bf16-ring16"): 2.340e-03, ("8", "bf16-state16-ring16"): 2.182e-03,
     ("8", "fp16"): 3.143e-04,
 }
+
+
+# ------------------------------------------------------------------ the prefix materializer (PMN1-PMN5)
+# Per element (v, k) of a materialized state, against the float64 PMM3 value S of the same stored ring and
+# state values (kernel-contract-0.7.4.md 2.7; the terms are PMN5's, with the magnitudes of oracles.prefix):
+#
+#   rest  = u_RG W + (2^-21 + 2^-23 A + 2^-19 + 2^-24) M + delta + PM_FTZ (1 + |S0| + U)
+#   bound = u_ST (|S| + rest) + rest
+#
+#   u_RG W            w_j u_j rounded once to RING (_mul_rg2_f32, PMN1), W = sum_j w_j |u_j||k_j|
+#   2^-21 M           ex2.approx of both exponentials (2^-22, doubled for safety, PMN2)
+#   2^-23 A M         the exponent argument subtracted and scaled by log2 e in f32 (PMN2), A its largest |.|
+#   2^-19 M           the MMA's f32 accumulation of 16 exact products (16 x 2^-23, PMN3)
+#   2^-24 M           the final fma.rn.f32 (PMN4)
+#   delta             fp16 underflow: 2^-25 (1 + sum_j |k_j[k]|) when STATE or RING is fp16 (PMN1, PMN4)
+#   PM_FTZ (...)      flush to zero below 2^-126 (ex2.approx.ftz, the MMA): a value lost there is < 2^-126
+#                     times the operands' magnitudes (|S0| and U = sum_j |u_j||k_j|), 16 such ops at most
+#   u_ST (|S| + rest) the one rounding to STATE of a value within `rest` of S (PMN4): |round(x) - x| <= u |x|
+# With u_ST = u(STATE), u_RG = u(RING) (2^-8 bf16, 2^-11 fp16).  count == 0 is an exact copy (PMS2): bits.
+PM_FP16_FLOOR = 2.0**-25
+PM_FTZ = 16 * F32_FTZ
+PM_TERMS = "u_ST(|S|+r) + r, r = u_RG W + (2^-21 + 2^-23 A + 2^-19 + 2^-24) M + delta (PMN5)"
+
+
+def prefix_bound(arm: Arm | str, S, M, W, U, A, ksum, S0_abs) -> torch.Tensor:
+    """The allowed |S_kernel - S| per element of a materialized state (the table above)."""
+    arm = get_arm(arm) if isinstance(arm, str) else arm
+    u_st, u_rg = unit_roundoff(arm.state), unit_roundoff(arm.ring)
+    rest = u_rg * W + (2.0**-21 + 2.0**-23 * A[..., None, None] + 2.0**-19 + 2.0**-24) * M
+    if torch.float16 in (arm.state, arm.ring):
+        rest = rest + PM_FP16_FLOOR * (1.0 + ksum[..., None, :])
+    rest = rest + PM_FTZ * (1.0 + S0_abs + U)
+    return u_st * (S.abs() + rest) + rest

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from gdn_fuzz.case import Case
+from gdn_fuzz.prefix_case import load_case
 
 
 _NUM = re.compile(r"(?<![A-Za-z_\d.])(?:0x[0-9a-fA-F]+|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
@@ -184,7 +185,7 @@ def parse_launch(d) -> tuple:
         raise ValueError(f"launch has unknown field(s) {', '.join(unknown)}; known: {', '.join(LAUNCH_KEYS)}")
     if "case" not in d:
         raise ValueError("launch lacks its case")
-    case = Case.from_dict(d["case"])
+    case = load_case(d["case"])
     transform = d.get("transform", "") or ""
     if not isinstance(transform, str) or (transform and transform not in TRANSFORM_NAMES):
         raise ValueError(f"launch.transform={transform!r} is unknown; use '' or one of {', '.join(TRANSFORM_NAMES)}")

@@ -335,6 +335,17 @@ def target_under_test(gdn_selection):
     from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
 
     name, arms, device = gdn_selection
+    from gdn_fuzz.targets import kernel_of
+
+    if kernel_of(name) != "flush":
+        pytest.skip(f"target {name!r} is a prefix materializer: the flush kernel's suites do not apply "
+                    "(its own are tests/test_materialize.py, fixture materializer_under_test)")
+    return _loaded(name, arms, device)
+
+
+def _loaded(name, arms, device):
+    from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
+
     try:
         t = get_target(name)
         for a in arms:
@@ -345,3 +356,17 @@ def target_under_test(gdn_selection):
     if why:
         pytest.skip(why)
     return t, arms, device
+
+
+@pytest.fixture(scope="session")
+def materializer_under_test(gdn_selection):
+    """(Target, arms, device) of the prefix materializer suites: --gdn-target when it names a materializer
+    (materialize, materialize-reference, mutant:pm_..., a file defining gdn_prefix_materialize); else the
+    installed gdn_prefix_materialize on a CUDA device, materialize-reference elsewhere.  Skips with the reason
+    when the target cannot launch here."""
+    from gdn_fuzz.targets import kernel_of
+
+    name, arms, device = gdn_selection
+    if kernel_of(name) != "materialize":
+        name = "materialize" if str(device).startswith("cuda") else "materialize-reference"
+    return _loaded(name, arms, device)

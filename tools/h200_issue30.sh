@@ -7,6 +7,8 @@
 # `bash tools/h200_issue30.sh part`, then .gpu/part-01 in the next (within 30 s) with `setup ...`.
 #   bash tools/h200_issue30.sh suite72                   (next call, within 30 s: /tmp/gdn must still be there)
 #   bash tools/h200_issue30.sh diff campaign
+# Issue 31 (the prefix materializer): steps pmsuite (tests/test_materialize.py on CUDA), pmdecode (the PMM5
+# differential, gdn_fuzz.studies.prefix_decode), pmmutants (`gdn-fuzz mutants --base materialize`), pmcampaign.
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -70,6 +72,27 @@ for step in "$@"; do
       timeout "$(( ${CAMPAIGN_S:-60} + 120 ))" gdn-fuzz run --target production --warm-up --seconds "${CAMPAIGN_S:-60}" \
         --corpus "$R/corpus-0.7.4" --json "$R/campaign.json" > "$R/campaign.txt" 2>&1
       echo "campaign rc=$?" ;;
+    pmsuite)
+      # issue 31: the prefix materializer's tests on the GPU (FlashInfer's gdn_prefix_materialize, every arm, both rings)
+      need_bundle
+      timeout "${PM_SUITE_S:-400}" python3 -m pytest tests/test_materialize.py -n "${PM_N:-4}" -p no:cacheprovider -q -rfEsx \
+        --gdn-target materialize --gdn-device cuda --durations=10 > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    pmdecode)
+      need_bundle
+      timeout 300 python3 -m gdn_fuzz.studies.prefix_decode --examples "${PM_DECODE_N:-30}" --device cuda \
+        --json "$R/pmdecode.json" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    pmmutants)
+      need_bundle
+      timeout 560 gdn-fuzz mutants --base materialize --device cuda --budget "${PM_MUT_S:-25}" \
+        --json "$R/pmmutants.json" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    pmcampaign)
+      need_bundle; mkdir -p "$R/corpus-pm"
+      timeout "$(( ${PM_S:-90} + 150 ))" gdn-fuzz run --target materialize --warm-up --seconds "${PM_S:-90}" \
+        --corpus "$R/corpus-pm" --json "$R/pmcampaign.json" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "$step $(( $(date +%s) - s ))s"

@@ -12,7 +12,7 @@ from gdn_fuzz.cli.common import console, default_device, parse_arms, target_devi
 from gdn_fuzz.targets import get_target
 from gdn_fuzz import properties as _P
 from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
-from gdn_fuzz.studies.mutation_score import production_mutants, reference_mutants, run_mutants, summary
+from gdn_fuzz.studies.mutation_score import mutants_of, run_mutants, summary
 from gdn_fuzz.studies.precision import markdown, search
 from gdn_fuzz.studies.unguarded import run_all
 from gdn_fuzz.targets.mutants import get_mutant
@@ -82,14 +82,14 @@ def _fmt_t(x):
 
 
 def cmd_mutants(args) -> int:
-    names = args.only or (production_mutants() if args.base == "production" else reference_mutants())
+    names = args.only or mutants_of(args.base)
     for n in names:
         get_mutant(n)  # unknown names fail before anything runs
     arms = tuple(a for v in (args.arms or []) for a in v.split(",") if a) or ARM_NAMES
     rounds = args.round_examples or (4 if str(args.device).startswith("cuda") else 25)
     console.print(f"gdn-fuzz mutants: {len(names)} mutants, budget {args.budget:g}s each, seed {args.seed}, "
                   f"{rounds} examples per round, "
-                  f"device {args.device}, arms {','.join(arms)}, properties {','.join(_P.REGISTRY)}")
+                  f"device {args.device}, arms {','.join(arms)}, the properties of each mutant's kernel")
 
     def one(r):
         for b in r.get("base_also_fails") or []:
@@ -100,7 +100,8 @@ def cmd_mutants(args) -> int:
         else:
             console.print(f"  {r['name']}: {'killed by ' + r['killed_by'] if r['killed'] else 'SURVIVED'} "
                           f"in {_fmt_t(r['t_detect'] if r['killed'] else r.get('t_run'))}; baseline "
-                          f"{'killed' if r['baseline_killed'] else 'survived'}", markup=False)
+                          + ("- (none for this kernel)" if r['baseline_killed'] is None else
+                             'killed' if r['baseline_killed'] else 'survived'), markup=False)
 
     res = run_mutants(names, args.budget, args.seed, device=args.device, arms=arms, on_result=one,
                       round_examples=rounds)
@@ -141,7 +142,8 @@ def add_mutants_parser(subparsers):
                                               "against every catalogued mutant")
     p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every mutant of --base)")
-    p.add_argument("--base", choices=("reference", "production"), default="reference",
+    p.add_argument("--base", choices=("reference", "production", "materialize", "materialize-reference"),
+                   default="reference",
                    help="which catalogue: edits of the reference target (CPU or GPU) or one-line edits of the "
                         "released kernel file (an SM90 GPU; use with --device cuda)")
     p.add_argument("--json", help="write the per-mutant results here")

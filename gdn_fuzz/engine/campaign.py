@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
 from gdn_fuzz.case import Case, Row
+from gdn_fuzz.prefix_case import is_prefix
+from gdn_fuzz.strategies import prefix as prefix_strategies
 from gdn_fuzz.findings import Finding
 from gdn_fuzz.properties import Property
 from gdn_fuzz.targets import Target
@@ -268,9 +270,20 @@ class Campaign:
         by the `launch` property; their findings are not recorded (the campaign finds them).
         """
 
-        prop = get_property("launch")
         t0, c0 = time.monotonic(), self._compiles()
         rng = random.Random(self.seed)
+        if self.target.kernel == "materialize":  # one compile per (arm, geometry, ring depth): PMD4
+            prop = get_property("pm_launch")
+            for case in prefix_strategies.warm_cases(self.arms, prefix_strategies.geometries_for(self.target),
+                                                     seed=rng.randrange(2**32)):
+                if self._stop_requested:
+                    raise KeyboardInterrupt
+                self._check(prop, case)
+            self.stats.warmup_s += time.monotonic() - t0
+            self.stats.warmup_compiles += self._compiles() - c0
+            self.stats.started = time.monotonic()
+            return self
+        prop = get_property("launch")
         for arm in self.arms:
             for T in self.Ts:
                 for H, HV in self.geometries:
@@ -433,10 +446,11 @@ class Campaign:
             else:
                 self.repeats[sig] += 1
         if self._records is not None:
+            shape = case.record_fields() if is_prefix(case) else dict(
+                arm=case.arm, T=case.T, H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
+                rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__)
             self._records.write(json.dumps(dict(
-                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, arm=case.arm, T=case.T,
-                H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
-                rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__,
+                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, **shape,
                 metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
                 signatures=sorted({f.signature() for f in found}),
                 known=sorted({f.signature() for f in known}))) + "\n")

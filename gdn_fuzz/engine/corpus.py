@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdn_fuzz.case import Case
+from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.findings import parse_launch
 from gdn_fuzz.engine.isolation import Worker
 from gdn_fuzz.properties import get_property
@@ -197,7 +198,7 @@ def from_dict(d, path: Path | None = None, where: str | None = None) -> Entry:
                 if got == "gdn_fuzz.corpus/1" else "re-create it with this version or upgrade gdn_fuzz")
         raise CorpusError(f"corpus entry {where}: format={got!r}, this gdn_fuzz reads {FORMAT!r}; {hint}")
     try:
-        case = Case.from_dict(d["case"])
+        case = load_case(d["case"])
         sig = d["signature"]
         if not isinstance(sig, str) or not sig:
             raise ValueError(f"signature={sig!r} must be a non-empty string")

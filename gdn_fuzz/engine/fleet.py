@@ -46,10 +46,12 @@ from pathlib import Path
 
 from gdn_fuzz.arms import ARM_NAMES, parse_arms
 from gdn_fuzz.case import Case
+from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from gdn_fuzz.engine.worker import WorkerSpec
-from gdn_fuzz.properties import REGISTRY
+from gdn_fuzz.properties import REGISTRY, for_kernel
+from gdn_fuzz.targets import kernel_of
 
 TERM_GRACE_S = 10.0  # after SIGTERM, seconds the workers have before they are killed
 STATUS_EVERY_S = 10.0  # a status line this often when the console is not a terminal
@@ -81,7 +83,7 @@ def plan(args, *, target_name: str, device: str, labels: list[str], gpus: list |
     gpus[k]) gets seed + k and share k of plan_shares; every other option as given (buckets and
     pool scales left to each worker's default when not given)."""
     arms = parse_arms(args.arms) if getattr(args, "arms", None) else ARM_NAMES
-    props = tuple(args.property) if getattr(args, "property", None) else tuple(REGISTRY)
+    props = tuple(args.property) if getattr(args, "property", None) else tuple(for_kernel(kernel_of(target_name)))
     shares = plan_shares(len(labels), arms, props)
     g = getattr
     return [WorkerSpec(label=label, target=target_name, device=device, seed=args.seed + k, arms=a, properties=p,
@@ -328,7 +330,7 @@ class Fleet:
         self.console.print(f"[yellow]worker {slot.label} lost[/yellow] ({cause}) after {p.get('examples', 0)} "
                            f"examples" + ("" if inflight is None else
                                           f"; in flight: property {inflight['prop']}, "
-                                          f"{Case.from_dict(inflight['case']).describe().splitlines()[0]}"),
+                                          f"{load_case(inflight['case']).describe().splitlines()[0]}"),
                            markup=True)
         for sig, first in sorted(slot.pending.items()):  # it was shrinking these: keep the first failing case
             self._file(slot.label, first, dict(prop=first["prop"], signature=sig, first_failure_s=first["t"],

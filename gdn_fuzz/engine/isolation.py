@@ -48,6 +48,7 @@ from pathlib import Path
 
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import LEGAL_T, Case
+from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.checks import prepare_oracle
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
@@ -231,7 +232,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             return
         prop_name, case_d = msg
         try:
-            case = Case.from_dict(case_d)
+            case = load_case(case_d)
             arms_seen.add(case.arm)
             found = get_property(prop_name).check(target, case, device)
             if str(device).startswith("cuda"):

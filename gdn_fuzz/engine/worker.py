@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 
 from gdn_fuzz.case import Case, draws_for
+from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import Campaign, CampaignFinding
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
@@ -271,7 +272,7 @@ def run_worker(spec: WorkerSpec, emit, *, on_campaign=lambda camp: None, log=Non
     seconds = spec.seconds if spec.seconds is not None else (None if spec.examples else 60.0)
     try:
         for item in spec.recheck:
-            r = camp.recheck(item["prop"], Case.from_dict(item["case"]), on_finding=found)
+            r = camp.recheck(item["prop"], load_case(item["case"]), on_finding=found)
             emit(dict(kind="recheck", lost=item.get("lost"), prop=item["prop"], **r))
         if spec.warm_up:
             camp.warm_up()

@@ -7,6 +7,8 @@ The registry below is the whole list, in the order campaigns schedule them:
   launch      (gdn_fuzz.checks)               the launch against the float64 oracle and the write set
   relations   (gdn_fuzz.properties.relations) routing, determinism, output_inplace, metamorphic
   contract    (gdn_fuzz.properties.contract)  guards, commit, extremes
+  materialize (gdn_fuzz.properties.materialize) pm_launch, pm_copy, pm_relations, pm_graph, pm_guards: the prefix
+              materializer's properties, for targets of kernel "materialize" (Property.kernel, Target.kernel)
 
 Importing this package registers nothing anywhere else; a user's own property is added with
 register(Property(...)) from the code that wants it.
@@ -15,10 +17,10 @@ register(Property(...)) from the code that wants it.
 from __future__ import annotations
 
 from gdn_fuzz import checks
-from gdn_fuzz.properties import contract, relations
+from gdn_fuzz.properties import contract, materialize, relations
 from gdn_fuzz.properties.base import Property, launch_cases
 
-__all__ = ["Property", "REGISTRY", "get_property", "register", "launch_cases"]
+__all__ = ["Property", "REGISTRY", "get_property", "register", "launch_cases", "for_kernel"]
 
 LAUNCH = Property(
     name="launch",
@@ -28,7 +30,13 @@ LAUNCH = Property(
     pool_scale=True,  # observe() draws a fill="rows" case's "before" anew instead of copying the pool
 )
 
-REGISTRY: dict[str, Property] = {p.name: p for p in (LAUNCH, *relations.PROPERTIES, *contract.PROPERTIES)}
+REGISTRY: dict[str, Property] = {p.name: p for p in (LAUNCH, *relations.PROPERTIES, *contract.PROPERTIES,
+                                                     *materialize.PROPERTIES)}
+
+
+def for_kernel(kernel: str) -> list[str]:
+    """The names of the registered properties that check targets of `kernel` (Target.kernel), in order."""
+    return [n for n, p in REGISTRY.items() if p.kernel == kernel]
 
 
 def register(p: Property) -> Property:

@@ -62,3 +62,4 @@ class Property:
     strategy: Callable[..., object] = field(default=launch_cases)
     reseed: bool = True
     pool_scale: bool = False  # the strategy takes pool_scales= (a check that never copies the whole pool)
+    kernel: str = "flush"  # the kernel whose targets it checks (Target.kernel): "flush" or "materialize"

@@ -22,6 +22,7 @@ message names the argument where the model says it does; never a message's wordi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import torch
 
 from gdn_fuzz.arms import ARM_NAMES, ARMS, Arm, get_arm
 from gdn_fuzz.case import Case, Row, materialize
+from gdn_fuzz.prefix_case import PrefixCase, Request, materialize_prefix
 from gdn_fuzz.targets.releases import Check, EntryModel, Release, UMMA
 
 # ------------------------------------------------------------------ changes of a valid call
@@ -104,6 +106,7 @@ class Change:
     restart: bool = False
     order: int = 1
     doc: str = ""
+    entries: tuple[str, ...] = ("flush", "umma")  # the entry points whose call it edits
 
     @property
     def legal(self) -> bool:
@@ -287,11 +290,170 @@ def _changes() -> list[Change]:
 CHANGES: dict[str, Change] = {c.id: c for c in _changes()}
 
 
+# ------------------------------------------------------------------ the prefix materializer's call (PMH1-PMH19)
+
+PM_POOL = 4  # the valid base call of gdn_prefix_materialize: request 0 folds 3 entries from slot 0 into slot 1,
+# request 1 folds 13 entries (its window wraps past ring slot 31) from slot 2 into slot 3; H = 1, HV = 2, R = 32
+
+
+def pm_base_call(arm: str = "bf16", device="cpu", heads: tuple[int, int] = (H, HV)) -> dict:
+    """The keyword arguments of a valid gdn_prefix_materialize call (fresh tensors each time)."""
+    case = PrefixCase(arm=arm, H=heads[0], HV=heads[1], pool=PM_POOL, ring=32, seed=11,
+                      requests=(Request(0, 1, 5, 3, 3), Request(2, 3, 30, 13, 13)))
+    return materialize_prefix(case, device)
+
+
+def _rings(fn):
+    def f(kw, arm):
+        for n in ("k_cache", "u_cache", "g_cache"):
+            kw[n] = fn(kw[n])
+    return f
+
+
+def _slots(t: torch.Tensor, R: int) -> torch.Tensor:
+    """The ring t with R slots (dim 2): cut or repeated."""
+    idx = torch.arange(R, device=t.device) % t.shape[2]
+    return t[:, :, idx].contiguous()
+
+
+def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    idx = torch.arange(n, device=t.device) % max(t.shape[1], 1)
+    return t[:, idx].contiguous()
+
+
+def _slot_stride(t: torch.Tensor, extra: int) -> torch.Tensor:
+    """Same values, dense inner dims, slot stride = dense size + extra elements (a paged pool when extra keeps
+    16-byte slots; misaligned slots otherwise)."""
+    dense = t[0].numel()
+    big = torch.zeros(t.shape[0] * (dense + extra) + extra, dtype=t.dtype, device=t.device)
+    v = big.as_strided(t.shape, (dense + extra, *t.stride()[1:]))
+    v.copy_(t)
+    return v
+
+
+def _overlapping(t: torch.Tensor) -> torch.Tensor:
+    return t.as_strided(t.shape, (t[0].numel() // 2, *t.stride()[1:]))
+
+
+def _offset(t: torch.Tensor) -> torch.Tensor:
+    """Same values, contiguous, at a data_ptr one element past a 16-byte boundary."""
+    big = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = big[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def _active(num_active: bool = False, dtype=torch.int32, length: int = 0, strided: bool = False, na_dtype=torch.int32,
+            na_len: int = 1):
+    def f(kw, arm):
+        cnt = kw["count"]
+        live = [i for i, c in enumerate(cnt.tolist()) if c >= 0]
+        lst = torch.tensor(live + [-1] * (cnt.shape[0] - len(live) + length), dtype=dtype, device=cnt.device)
+        kw["active_request_indices"] = _strided_1d(lst) if strided else lst
+        if num_active:
+            kw["num_active"] = torch.tensor([len(live)] * na_len, dtype=na_dtype, device=cnt.device)
+    return f
+
+
+def _empty(kw, arm):
+    for n in ("src_slots", "dst_slots", "cache_base", "count"):
+        kw[n] = kw[n][:0].clone()
+
+
+def _pm_changes() -> list[Change]:
+    C = Change
+    M = ("materialize",)
+    meta = ("src_slots", "dst_slots", "cache_base", "count")
+    out = [
+        C("pm.state-3d", "PMH1", _map("state", lambda t, a: t[:, 0].contiguous()), "state", ("state",)),
+        *[C(f"pm.{n}-{d}d", "PMH2", _map(n, fn), n, (n,)) for n, d, fn in (
+            ("k_cache", 3, lambda t, a: t[:, 0].contiguous()), ("u_cache", 3, lambda t, a: t[:, 0].contiguous()),
+            ("g_cache", 4, lambda t, a: t[..., None].contiguous()))],
+        C("pm.state-K=64", "PMH3", _map("state", lambda t, a: t[..., :64].contiguous()), None, ("state",)),
+        C("pm.k_cache-H=0", "PMH4.zero", _map("k_cache", lambda t, a: t[:, :0].contiguous()), None, ("k_cache",),
+          doc="HV % 0: the ZeroDivisionError PMH4 leaves unguarded"),
+        C("pm.k_cache-H=3", "PMH4", _map("k_cache", lambda t, a: _heads(t, 3)), None, ("k_cache",)),
+        C("pm.k_cache-K=64", "PMH5", _map("k_cache", lambda t, a: t[..., :64].contiguous()), None, ("k_cache",)),
+        C("pm.u_cache-V=64", "PMH5", _map("u_cache", lambda t, a: t[..., :64].contiguous()), None, ("u_cache",)),
+        C("pm.u_cache-HV+1", "PMH6", _map("u_cache", lambda t, a: _heads(t, t.shape[1] + 1)), "u_cache", ("u_cache",)),
+        C("pm.g_cache-HV+1", "PMH6", _map("g_cache", lambda t, a: _heads(t, t.shape[1] + 1)), "g_cache", ("g_cache",)),
+        *[C(f"pm.{n}-{tag}", "PMH7", _map(n, (lambda t, a, mk=mk: t.to(mk(a)))), n, (n,))
+          for n in ("k_cache", "u_cache")
+          for tag, mk in (("fp32", lambda a: torch.float32), ("other-half", lambda a: _other_half(a.ring)))],
+        C("pm.u_cache-16-slots", "PMH8", _map("u_cache", lambda t, a: _slots(t, 16)), "u_cache", ("u_cache",)),
+        C("pm.g_cache-16-slots", "PMH8", _map("g_cache", lambda t, a: _slots(t, 16)), "g_cache", ("g_cache",)),
+        C("pm.rings-24-slots", "PMH9", _rings(lambda t: _slots(t, 24)), None, ("k_cache", "u_cache", "g_cache")),
+        C("pm.rings-8-slots", "PMH9", _rings(lambda t: _slots(t, 8)), None, ("k_cache", "u_cache", "g_cache")),
+        C("pm.rings-16-slots", "", _rings(lambda t: _slots(t, 16)), None, ("k_cache", "u_cache", "g_cache"),
+          doc="the STP ring (PMS8)"),
+        C("pm.rings-64-slots", "", _rings(lambda t: _slots(t, 64)), None, ("k_cache", "u_cache", "g_cache"),
+          doc="accepted: any power of two >= 16 (PMH9)"),
+        C("pm.g_cache-bf16", "PMH10", _map("g_cache", lambda t, a: t.to(torch.bfloat16)), "g_cache", ("g_cache",)),
+        C("pm.g_cache-fp64", "PMH10", _map("g_cache", lambda t, a: t.double()), "g_cache", ("g_cache",)),
+        *[C(f"pm.{n}-int64", "PMH11", _map(n, lambda t, a: t.long()), n, (n,)) for n in meta],
+        C("pm.src_slots-2d", "PMH11", _map("src_slots", lambda t, a: t[:, None].contiguous()), "src_slots",
+          ("src_slots",)),
+        *[C(f"pm.{n}-len-B+1", "PMH12", _map(n, lambda t, a: torch.cat([t, t[:1]])), None, (n,))
+          for n in ("dst_slots", "cache_base", "count")],
+        C("pm.num_active-int64", "PMH13", _active(True, na_dtype=torch.int64), "num_active",
+          ("active_request_indices", "num_active")),
+        C("pm.num_active-2el", "PMH13", _active(True, na_len=2), "num_active", ("active_request_indices", "num_active")),
+        C("pm.num_active-cpu", "", lambda kw, a: kw.update(num_active=torch.tensor([2], dtype=torch.int32)),
+          None, ("num_active",), doc="a CPU num_active: legal by its value; PMH13's device condition "
+          "(pm_num_active_off_cuda) rejects it where the module probes devices"),
+        C("pm.active-int64", "PMH14", _active(True, dtype=torch.int64), "active_request_indices",
+          ("active_request_indices", "num_active")),
+        C("pm.active-len-B+1", "PMH14", _active(True, length=1), "active_request_indices",
+          ("active_request_indices", "num_active")),
+        C("pm.state-other-half", "PMH15", _map("state", lambda t, a: t.to(_other_half(a.state))), "state", ("state",)),
+        C("pm.state-fp32", "PMH15", _map("state", lambda t, a: t.float()), "state", ("state",)),
+        C("pm.empty", "", _empty, None, meta, doc="B = 0: a no-op after PMH15 (PMS6)"),
+        *[C(f"pm.{n}-inner-strided", "PMH17", _map(n, lambda t, a: _inner_strided(t)), n, (n,))
+          for n in ("state", "k_cache", "u_cache")],
+        C("pm.state-overlapping", "PMH17", _map("state", lambda t, a: _overlapping(t)), "state", ("state",)),
+        C("pm.k_cache-misaligned-slots", "PMH17", _map("k_cache", lambda t, a: _slot_stride(t, 1)), "k_cache",
+          ("k_cache",), doc="a slot stride that is not a multiple of 16 bytes"),
+        C("pm.state-paged", "", _map("state", lambda t, a: _slot_stride(t, 64)), None, ("state",),
+          doc="a paged pool: slot stride padded by 128 bytes (PMH17 accepts it)"),
+        C("pm.g_cache-odd-slot-stride", "", _map("g_cache", lambda t, a: _slot_stride(t, 1)), None, ("g_cache",),
+          doc="fp32 g is exempt from the 16-byte slot rule (PMH17)"),
+        *[C(f"pm.{n}-strided", "PMH18", _map(n, lambda t, a: _strided_1d(t)), n, (n,))
+          for n in ("src_slots", "count")],
+        C("pm.active-strided", "PMH18", _active(True, strided=True), "active_request_indices",
+          ("active_request_indices", "num_active")),
+        C("pm.count-offset", "PMH19", _map("count", lambda t, a: _offset(t)), None, ("count",)),
+        C("pm.state-offset", "PMH19", _map("state", lambda t, a: _offset(t)), None, ("state",)),
+        C("pm.active-given", "", _active(False), None, ("active_request_indices",),
+          doc="the list given, num_active left to the wrapper ([B])"),
+        C("pm.active-and-num_active", "", _active(True), None, ("active_request_indices", "num_active"),
+          doc="both given: the CUDA-graph path"),
+        C("pm.min_blocks_per_mp=4", "", _set(min_blocks_per_mp=4), None, ("min_blocks_per_mp",)),
+        C("pm.pdl_trigger", "", _set(pdl_trigger=True), None, ("pdl_trigger",),
+          doc="a keyword the materializer does not take"),
+    ]
+    return [dataclasses.replace(c, entries=M) for c in out]
+
+
+PM_CHANGES: dict[str, Change] = {c.id: c for c in _pm_changes()}
+
+
+def changes_of(entry: str) -> dict[str, Change]:
+    """The changes written for an entry point's call: the materializer's own (PM_CHANGES), else the flush call's."""
+    return PM_CHANGES if entry == "materialize" else CHANGES
+
+
+def base_call_for(entry: str, arm: str, device="cpu", heads: tuple[int, int] = (H, HV)) -> dict:
+    """The valid base call of an entry point (T = 4 for the flush entries: the flush_min changes are written for it)."""
+    if entry == "materialize":
+        return pm_base_call(arm, device, heads)
+    return base_call(arm, 4, device, heads)
+
+
 def get_change(cid: str) -> Change:
     try:
-        return CHANGES[cid]
+        return CHANGES[cid] if cid in CHANGES else PM_CHANGES[cid]
     except KeyError:
-        raise ValueError(f"change={cid!r} is unknown; see gdn_fuzz.properties.hostchecks.CHANGES") from None
+        raise ValueError(f"change={cid!r} is unknown; see gdn_fuzz.properties.hostchecks.CHANGES and PM_CHANGES") from None
 
 
 def apply_changes(kw: dict, arm: Arm | str, changes: Iterable[Change]) -> dict:
@@ -352,7 +514,7 @@ class Env:
             return ANY_DEVICE
         if standin_cc is not None:
             return Env(cc=tuple(standin_cc))
-        q = kw.get("q")
+        q = kw.get("q", kw.get("state"))  # the materializer has no q: its state pool
         if isinstance(q, torch.Tensor) and q.device.type == "cuda":
             return Env(cc=tuple(torch.cuda.get_device_capability(q.device)))
         return Env()
@@ -409,6 +571,16 @@ def _seeded_off_cuda(c: Call) -> bool:
     return c.kw.get("stochastic_rounding") in ("philox", "lcg") and _t(s) and not s.is_cuda
 
 
+def _pm_num_active_off_cuda(c: Call) -> bool:
+    """PMH13 of a module that probes devices: the num_active it is given, or derives on count's device (or
+    [B] beside a given list), is not a CUDA tensor."""
+    if c.module is not None and not probes_device(c.module):
+        return False
+    na = c.kw.get("num_active")
+    t = na if _t(na) else c.kw.get("count")
+    return _t(t) and not t.is_cuda
+
+
 ANY_DEVICE = Env(capture_raises=False, cc=(0, 0))  # probes that never refuse; no GPU generation to route on
 
 CONDITIONS: dict[str, Callable[[Call], bool]] = {
@@ -422,6 +594,8 @@ CONDITIONS: dict[str, Callable[[Call], bool]] = {
     "no_cvt_rs": lambda c: c.env.cc not in CVT_RS_CC,
     "seeded_off_cuda": _seeded_off_cuda,
     "hist_len_given": lambda c: c.kw.get("hist_len") is not None,
+    "pm_num_active_off_cuda": _pm_num_active_off_cuda,
+    "pm_empty": lambda c: _t(c.kw.get("src_slots")) and c.kw["src_slots"].shape[0] == 0,
 }
 
 
@@ -500,6 +674,8 @@ def expect(release: Release, entry: str, changes: Iterable[Change], call: Call) 
                 if chk.route:
                     nxt = chk.route
                     break
+                if not chk.exc:  # the call returns here, without an error (the materializer's B == 0, PMS6)
+                    return Expected(release.version, name, None, (), tuple(route))
                 return Expected(release.version, name, chk, (), tuple(route))
         if nxt is None:
             return Expected(release.version, name, None, (), tuple(route))
@@ -561,7 +737,7 @@ def applies(change: Change, arm: str) -> bool:
 def changes_for(entry: EntryModel, arm: str | None = None, legal: bool | None = None) -> list[Change]:
     """The changes the entry's model covers (those catch() can place), optionally for one arm."""
     out = []
-    for c in CHANGES.values():
+    for c in changes_of(entry.name).values():
         if arm is not None and not applies(c, arm):
             continue
         if legal is not None and c.legal != legal:
@@ -599,7 +775,7 @@ def probe(fn: Callable[..., object], module, release: Release, entry: str, arm: 
     from gdn_fuzz.observation import clone_inputs, same_bits
 
     changes = list(changes)
-    kw = base_call(arm, 4, device, heads)  # T = 4: the flush_min changes are written for it
+    kw = base_call_for(entry, arm, device, heads)
     if extra:
         kw.update(extra)
     apply_changes(kw, arm, changes)
@@ -621,7 +797,7 @@ def unvalidated_on_device(module, release: Release, entry: str, arm: str, change
     CUDA-tensor probes (tests, `gdn-fuzz diff`) do not make it."""
     if change.legal:
         return False
-    kw = apply_changes(base_call(arm, 4, device) | (extra or {}), arm, [change])
+    kw = apply_changes(base_call_for(entry, arm, device) | (extra or {}), arm, [change])
     return expect_for(release, entry, [change], kw, arm, module).check is None
 
 
@@ -649,4 +825,4 @@ def single_change_table(fn_for: Callable[[str], Callable[..., object]], module_f
 __all__ = ["Change", "CHANGES", "get_change", "apply_changes", "compatible", "Env", "Call", "CONDITIONS",
            "Expected", "NotModelled", "catch", "expect", "expect_for", "Observed", "observe_call", "judge", "names_argument",
            "changes_for", "probe", "Probe", "base_call", "with_T", "single_calls", "single_change_table",
-           "unvalidated_on_device"]
+           "unvalidated_on_device", "PM_CHANGES", "changes_of", "base_call_for", "pm_base_call"]

@@ -66,6 +66,11 @@ def production_mutants() -> list[str]:
     return [n for n, m in CATALOGUE.items() if m.base == "production"]
 
 
+def mutants_of(base: str) -> list[str]:
+    """The scored mutants of one base ("reference", "production", "materialize", "materialize-reference")."""
+    return [n for n, m in CATALOGUE.items() if m.base == base and m.scored]
+
+
 def _baseline_isolated(name: str, arms, device: str = "cpu") -> dict:
     """The baseline in a child process (for mutants that kill their process), on `device`."""
     code = ("import json, sys\nfrom gdn_fuzz.studies.baseline import run_baseline\nfrom gdn_fuzz.targets import get_target\n"
@@ -103,6 +108,8 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
                    t_detect=None, t_kill=None, examples=0, rows=None, case_json_len=None, case=None,
                    baseline_killed=None, baseline_failures=[])
         target = get_target(f"mutant:{name}")
+        if properties is None:  # the properties of the mutant's kernel (Property.kernel)
+            props = [p for p in _P.REGISTRY.values() if p.kernel == target.kernel]
         why = target.unavailable_reason(device)
         if why:
             rec["skipped"] = why
@@ -147,12 +154,12 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
             f, t_found = kills[0]
             rec.update(killed=True, killed_by=f.prop, finding_props=sorted({x.prop for x in f.findings}),
                        t_detect=camp.first_fail if not base_fails else t_found, t_kill=camp.stats.elapsed,
-                       rows=sum(not r.pad for r in f.case.rows), case_json_len=len(f.case.to_json()),
+                       rows=f.case.B if target.kernel == "materialize" else sum(not r.pad for r in f.case.rows), case_json_len=len(f.case.to_json()),
                        case=f.case.to_dict(), findings=[str(x) for x in f.findings][:5])
             rec["expected_hit"] = any(p.startswith(m.prop) for p in rec["finding_props"])
         else:
             rec["t_run"] = camp.stats.elapsed
-        if baseline:
+        if baseline and target.kernel == "flush":  # the example-based baseline imitates the flush kernel's tests
             if isolate:
                 b = _baseline_isolated(name, arms, device)
                 rec["baseline_killed"], rec["baseline_failures"] = b["killed"], b["failures"]

@@ -15,9 +15,14 @@ Built-in names:
               (`gdn-fuzz release fetch VERSION`; gdn_fuzz.targets.releases.release_file)
   sm100       the UMMA entry point flashinfer.gdn_kernels.gdn_replay_mtp_umma.gated_delta_rule_mtp_ucache_flush_umma
               (flashinfer-python 0.7.4; launches on SM100-class GPUs only; fp16-state arm)
+  materialize FlashInfer 0.7.4's prefix materializer gdn_prefix_materialize (PM*): $GDN_FUZZ_MATERIALIZE_MODULE
+              (an edited copy: its relative imports resolve against the installed flashinfer.gdn_kernels), else
+              the installed flashinfer.gdn_kernels.gdn_prefix_materialize; one module state per dtype arm (PMD3)
+  materialize-reference  the torch implementation of the materializer in this package (CPU or CUDA)
   mutant:NAME a catalogued bug (gdn_fuzz.targets.mutants) applied to a temporary copy of its base
 Any other value is taken as a path to a Python file (a user's kernel, an older version,
-a patched copy).
+a patched copy); a file that defines gdn_prefix_materialize (and not the flush entry point) is a
+materializer target.
 
 Each target has a release model (Target.release: gdn_fuzz.targets.releases.detect, or the release
 given by get_target(name, release=...)): the host checks it is held to, its backends and the known
@@ -33,6 +38,10 @@ from types import ModuleType
 from gdn_fuzz.arms import Arm
 from gdn_fuzz.targets.loading import (  # noqa: F401  (re-exported: the public names of targets)
     ENTRY,
+    MATERIALIZE_MODULE_ENV,
+    PM_ENTRY,
+    PM_MODULE,
+    PM_REFERENCE_PATH,
     PRODUCTION_MODULE,
     KERNEL_MODULE_ENV,
     REFERENCE_PATH,
@@ -42,16 +51,19 @@ from gdn_fuzz.targets.loading import (  # noqa: F401  (re-exported: the public n
     TargetMismatch,
     _module_file,
     resolve_production_path,
+    resolve_materialize_path,
     import_file,
     import_with_env,
     check_fits,
     load_module,
+    package_relative,
 )
 from gdn_fuzz.targets import kernel_store
 from gdn_fuzz.targets import releases
 from gdn_fuzz.targets.mutants import base_path, get_mutant, materialize_mutant
 
-__all__ = ["Target", "get_target", "default_target_name", "TargetUnavailable", "TargetMismatch", "ENTRY",
+__all__ = ["Target", "get_target", "kernel_of", "default_target_name", "TargetUnavailable", "TargetMismatch", "ENTRY", "PM_ENTRY",
+           "PM_MODULE", "MATERIALIZE_MODULE_ENV", "PM_REFERENCE_PATH", "resolve_materialize_path",
            "PRODUCTION_MODULE", "KERNEL_MODULE_ENV", "REFERENCE_PATH", "SM100_MODULE", "SM100_ENTRY",
            "resolve_production_path", "import_file", "import_with_env", "check_fits", "load_module"]
 
@@ -96,6 +108,8 @@ class Target:
         if self.model_entry == "umma":
             return "umma"
         rel = self.release.release
+        if self.model_entry == "materialize":
+            return None  # one kernel, no backends to route between
         if not any(b.name != "hmma" and b.serves(arm, T, H, HV, m) for b in rel.backends for m in b.sm_major):
             return "hmma"  # no other backend serves this shape on any GPU: no need to ask which GPU this is
         major = releases.gpu_major(device)
@@ -103,6 +117,11 @@ class Target:
             if b.serves(arm, T, H, HV, major):
                 return b.name
         return "hmma"
+
+    @property
+    def kernel(self) -> str:
+        """Which kernel's contract the target is held to: "flush" (the decode step) or "materialize" (PM*)."""
+        return "materialize" if self.entry == PM_ENTRY else "flush"
 
     def module(self, arm: Arm | str) -> ModuleType:
         return load_module(self.path, arm, self.entry)
@@ -167,18 +186,46 @@ def _get_target(name: str) -> Target:
                 "the sm100 target also needs an SM100-class GPU (B200) to launch")
         return Target("sm100", p, entry=SM100_ENTRY, needs_cuda=True, min_sm=(10, 0), model_entry="umma",
                       released=True)
+    if name == "materialize":
+        return Target("materialize", resolve_materialize_path(), entry=PM_ENTRY, needs_cuda=True, min_sm=(9, 0),
+                      model_entry="materialize", released=True)
+    if name == "materialize-reference":
+        return Target("materialize-reference", PM_REFERENCE_PATH, entry=PM_ENTRY, model_entry="materialize")
     if name.startswith("mutant:"):
         m = get_mutant(name.split(":", 1)[1])
-        base_is_prod = m.base == "production"
-        base = base_path(m)  # raises TargetUnavailable when the production file is absent
-        return Target(name, materialize_mutant(m), needs_cuda=base_is_prod, min_sm=(9, 0) if base_is_prod else None,
-                      base=base)
+        on_gpu = m.base in ("production", "materialize")
+        base = base_path(m)  # raises TargetUnavailable when the base file is absent
+        pm = m.base in ("materialize", "materialize-reference")
+        return Target(name, materialize_mutant(m), needs_cuda=on_gpu, min_sm=(9, 0) if on_gpu else None,
+                      base=base, entry=PM_ENTRY if pm else ENTRY, model_entry="materialize" if pm else "flush")
     p = Path(name).expanduser()
     if p.suffix == ".py" and p.is_file():
+        if defines(p, PM_ENTRY) and not defines(p, ENTRY):
+            return Target(str(p), p.resolve(), entry=PM_ENTRY, model_entry="materialize",
+                          needs_cuda=package_relative(p))
         return Target(str(p), p.resolve(), needs_cuda=False)
     raise ValueError(
-        f"target={name!r} is neither 'reference', 'production', 'production@VERSION', 'sm100', 'mutant:NAME' nor an "
-        "existing .py file; pass one of those names or a path to a module defining " + ENTRY)
+        f"target={name!r} is neither 'reference', 'production', 'production@VERSION', 'sm100', 'materialize', "
+        "'materialize-reference', 'mutant:NAME' nor an existing .py file; pass one of those names or a path to a "
+        f"module defining {ENTRY} or {PM_ENTRY}")
+
+
+def kernel_of(name: str) -> str:
+    """Target.kernel of the target `name` without loading it: "materialize" or "flush"."""
+    if name in ("materialize", "materialize-reference"):
+        return "materialize"
+    if name.startswith("mutant:"):
+        m = get_mutant(name.split(":", 1)[1])
+        return "materialize" if m.base in ("materialize", "materialize-reference") else "flush"
+    p = Path(name).expanduser()
+    if p.suffix == ".py" and p.is_file() and defines(p, PM_ENTRY) and not defines(p, ENTRY):
+        return "materialize"
+    return "flush"
+
+
+def defines(path: Path, function: str) -> bool:
+    """The file defines `function` at module level (read with ast, nothing imported)."""
+    return releases.function_params(path, function) is not None
 
 
 def default_target_name() -> str:

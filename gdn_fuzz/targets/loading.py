@@ -22,6 +22,13 @@ SM100_MODULE = "flashinfer.gdn_kernels.gdn_replay_mtp_umma"
 SM100_ENTRY = "gated_delta_rule_mtp_ucache_flush_umma"
 KERNEL_MODULE_ENV = "GDN_FUZZ_KERNEL_MODULE"
 REFERENCE_PATH = Path(__file__).with_name("reference_ucache_flush.py")
+# the prefix materializer (flashinfer-python 0.7.4): a module of the flashinfer.gdn_kernels package whose
+# relative imports bind it to the package's flush module, and so to that module's dtype arm (PMD3)
+PM_ENTRY = "gdn_prefix_materialize"
+PM_PACKAGE = "flashinfer.gdn_kernels"
+PM_MODULE = PM_PACKAGE + ".gdn_prefix_materialize"
+MATERIALIZE_MODULE_ENV = "GDN_FUZZ_MATERIALIZE_MODULE"
+PM_REFERENCE_PATH = Path(__file__).with_name("reference_prefix_materialize.py")
 
 
 class TargetUnavailable(RuntimeError):
@@ -126,6 +133,78 @@ def check_fits(mod: ModuleType, arm: Arm, path: Path, entry: str = ENTRY) -> Non
                 f"{', '.join(ENV_VARS)} at import")
 
 
+def resolve_materialize_path() -> Path:
+    """$GDN_FUZZ_MATERIALIZE_MODULE if set (an edited copy of gdn_prefix_materialize.py), else the installed file."""
+    env = os.environ.get(MATERIALIZE_MODULE_ENV, "").strip()
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_file():
+            raise TargetUnavailable(
+                f"{MATERIALIZE_MODULE_ENV}={env!r} is not a file; point it at a .py file that defines {PM_ENTRY}")
+        return p.resolve()
+    p = _module_file(PM_MODULE)
+    if p is None:
+        raise TargetUnavailable(
+            f"{PM_MODULE} is not installed; it ships with flashinfer-python 0.7.4: `pip install 'gdn-fuzz[gpu]'` "
+            f"(or [kernel-cpu] for its host checks), or set {MATERIALIZE_MODULE_ENV}=/path/to/file.py")
+    return p
+
+
+def package_relative(path: Path) -> bool:
+    """The file imports from its own package (`from .x import ...`): it must be loaded inside
+    flashinfer.gdn_kernels (PMD3: by path alone 'attempted relative import with no known parent package')."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return False
+    return "\nfrom ." in text
+
+
+def import_in_package(path: Path, arm: Arm) -> ModuleType:
+    """Import `path` as a module of flashinfer.gdn_kernels bound to `arm`: while it imports, the package's
+    flush module is this process's instance of that file for `arm` (load_module), so the relative import of
+    io, ring_ty and state_ty (PF 121-150) gives this arm's dtypes, and the env of the arm is set.  Each arm gets
+    its own module state; the package's own copy (what vLLM imports) is left as it is."""
+    import importlib
+
+    try:
+        importlib.import_module(PM_PACKAGE)
+    except ImportError as e:
+        raise TargetUnavailable(f"{path} imports from {PM_PACKAGE}, which does not import here ({e}); install "
+                                "flashinfer-python 0.7.4 (`pip install 'gdn-fuzz[gpu]'`)") from e
+    flush = _module_file(PRODUCTION_MODULE)
+    if flush is None:
+        raise TargetUnavailable(f"{PRODUCTION_MODULE} is not installed beside {PM_PACKAGE}")
+    fmod = load_module(flush, arm)
+    digest = hashlib.sha1(f"{Path(path).resolve()}|{arm.name}".encode()).hexdigest()[:12]
+    name = f"{PM_PACKAGE}._gdn_fuzz_{Path(path).stem}_{digest}"
+    with _LOCK:
+        saved = sys.modules.get(PRODUCTION_MODULE)
+        sys.modules[PRODUCTION_MODULE] = fmod
+        try:
+            return import_with_env(Path(path), arm.env_dict, name=name)
+        finally:
+            if saved is None:
+                sys.modules.pop(PRODUCTION_MODULE, None)
+            else:
+                sys.modules[PRODUCTION_MODULE] = saved
+
+
+def check_fits_materialize(mod: ModuleType, arm: Arm, path: Path) -> None:
+    """A materializer module exposes gdn_prefix_materialize, the 16-row window, and the arm's STATE and RING
+    dtypes (state_ty_torch()/ring_ty_torch() of FlashInfer's file, ST_TORCH/RING_TORCH of the reference)."""
+    where = f"{path} (arm {arm.name})"
+    if not callable(getattr(mod, PM_ENTRY, None)):
+        raise TargetMismatch(f"{where} defines no callable {PM_ENTRY}(); a materializer target must expose it")
+    if getattr(mod, "W_RING", None) != 16:
+        raise TargetMismatch(f"{where}: W_RING={getattr(mod, 'W_RING', None)!r}, expected 16 (PMS1)")
+    for fn, const, want in (("state_ty_torch", "ST_TORCH", arm.state), ("ring_ty_torch", "RING_TORCH", arm.ring)):
+        got = getattr(mod, fn)() if callable(getattr(mod, fn, None)) else getattr(mod, const, want)
+        if got != want:
+            raise TargetMismatch(f"{where}: its {const} is {got} but arm {arm.name} needs {want}; the module was bound "
+                                 f"to another arm's flush module (PMD3) or ignored {', '.join(ENV_VARS)}")
+
+
 def load_module(path: Path, arm: Arm | str, entry: str = ENTRY) -> ModuleType:
     """One module instance per (file, arm), imported with the arm's env vars scoped to the import.
 
@@ -136,8 +215,13 @@ def load_module(path: Path, arm: Arm | str, entry: str = ENTRY) -> ModuleType:
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
-            mod = import_with_env(Path(path), arm.env_dict)
-            check_fits(mod, arm, Path(path), entry)
-            kernel_store.install(mod, Path(path), arm.name)
+            if entry == PM_ENTRY:  # the materializer: no kernel store (its compile key holds the device target)
+                mod = import_in_package(Path(path), arm) if package_relative(path) else \
+                    import_with_env(Path(path), arm.env_dict)
+                check_fits_materialize(mod, arm, Path(path))
+            else:
+                mod = import_with_env(Path(path), arm.env_dict)
+                check_fits(mod, arm, Path(path), entry)
+                kernel_store.install(mod, Path(path), arm.name)
             _MODULES[key] = mod
         return mod

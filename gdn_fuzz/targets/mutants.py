@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from gdn_fuzz.targets.loading import REFERENCE_PATH, resolve_production_path
+from gdn_fuzz.targets.loading import PM_REFERENCE_PATH, REFERENCE_PATH, resolve_materialize_path, resolve_production_path
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Mutant:
     old: str
     new: str
     doc: str
-    base: str = "reference"  # "reference" | "production"
+    base: str = "reference"  # "reference" | "production" | "materialize" | "materialize-reference"
     scored: bool = True  # False: a study shows it, no property can (see the note above the catalogue)
 
 
@@ -89,7 +89,8 @@ def _mutant_dir() -> Path:
 
 
 def base_path(m: Mutant) -> Path:
-    return REFERENCE_PATH if m.base == "reference" else resolve_production_path()
+    return {"reference": lambda: REFERENCE_PATH, "production": resolve_production_path,
+            "materialize": resolve_materialize_path, "materialize-reference": lambda: PM_REFERENCE_PATH}[m.base]()
 
 
 def apply(m: Mutant, src: str) -> str:
@@ -389,4 +390,89 @@ register(
            "wrapper: hist_len is range-checked against the ring (32) instead of the window (16): P = 17 .. 32 "
            "pass and are silently wrong (1.3).  Exposed by hist_len = 17 with restart_hist_on_flush=True.",
            base="production"),
+)
+
+
+# ---- the prefix materializer (issue 31): edits of this package's torch reference (base
+# "materialize-reference", killed on the CPU by tests/test_materialize.py) and one-line edits of the
+# released flashinfer/gdn_kernels/gdn_prefix_materialize.py (base "materialize", 0.7.4; JIT-compiled on
+# an SM90 GPU, killed there by tools/h200_issue31.sh).  prop is the Finding.prop prefix expected.
+register(
+    Mutant("pm_ref_anchor_lane", "PMM3", "pm.state",
+           "        Gc = g[:, C - 1:C]\n", "        Gc = g[:, C - 1:C] if C < 2 else g[:, C - 2:C - 1]\n",
+           "reference materializer: G_C read from entry C - 2 instead of C - 1 (an off-by-one in the window end). "
+           "Exposed by any request with count >= 2.", base="materialize-reference"),
+    Mutant("pm_ref_over_window", "PMS1", "pm.writes.state",
+           "        if s < 0 or d < 0 or C < 0 or C > W_RING:  # PMS1\n            continue\n",
+           "        if s < 0 or d < 0 or C < 0:  # PMS1\n            continue\n        C = min(C, W_RING)\n",
+           "reference materializer: count > 16 replays the 16-entry window instead of being skipped.  Exposed by a "
+           "request with count > 16.", base="materialize-reference"),
+    Mutant("pm_ref_copy_arith", "PMS2", "pm.copy",
+           "            results.append((d, S0.clone()))", "            results.append((d, (S0.float() * 1.0 + 0.0).to(ST_TORCH)))",
+           "reference materializer: the count == 0 copy goes through f32 arithmetic (S0 * 1 + 0): -0 becomes +0.  "
+           "Exposed by a copy of a checkpoint holding -0 (bits='all').", base="materialize-reference"),
+    Mutant("pm_ref_num_active_short", "PMS4", "pm.state",
+           "    n = max(0, min(int(num_active.reshape(-1)[0]), B))", "    n = max(0, min(int(num_active.reshape(-1)[0]) - 1, B))",
+           "reference materializer: the last live entry within num_active is dropped.  Exposed by any call with a "
+           "processed request.", base="materialize-reference"),
+    Mutant("pm_ref_derived_positive", "PMS5", "pm.copy",
+           "        live = torch.nonzero(count >= 0, as_tuple=False)", "        live = torch.nonzero(count > 0, as_tuple=False)",
+           "reference materializer: the derived active list leaves out count == 0 rows, so their copies are never "
+           "made.  Exposed by a copy request with the list derived.", base="materialize-reference"),
+    Mutant("pm_ref_no_depth_check", "PMH9", "pm.guard",
+           "    if R & (R - 1) or R < W_RING:  # PMH9", "    if False:  # PMH9",
+           "reference materializer: the ring depth check is gone.  Exposed by a 24- or 8-slot ring.",
+           base="materialize-reference"),
+    Mutant("pm_ref_no_wrap", "PMS8", "pm.state",
+           "        slots = (b + j[:C]) & (R - 1)", "        slots = ((b & (R - 1)) + j[:C]).clamp(max=R - 1)",
+           "reference materializer: a window that reaches the ring's last slot does not wrap to slot 0 (it reads "
+           "the last slot again).  Exposed by a window past the last slot.", base="materialize-reference"),
+)
+register(
+    Mutant("pm_skip_over_window", "PMS1", "pm.writes.state",
+           "if count > Int32(W_RING):", "if count > Int32(W_RING + 1):",
+           "kernel: count = 17 is not skipped (it replays the 16 loaded rows with G_C from lane 16).  Exposed by a "
+           "request with count 17.", base="materialize"),
+    Mutant("pm_anchor_lane_c", "PMM3", "pm.state",
+           "_c_src = count - Int32(1) if count > Int32(0) else Int32(0)", "_c_src = count if count > Int32(0) else Int32(0)",
+           "kernel: G_C is shuffled from lane C instead of C - 1.  Exposed by any request with count >= 1.",
+           base="materialize"),
+    Mutant("pm_w_mask_off_by_one", "PMM3", "pm.state",
+           "if lane_id < count", "if lane_id <= count",
+           "kernel: w_j is computed for j = C too; u row C is zero, so only a NaN or Inf g at slot C leaks.  Exposed "
+           "by poison (NaN outside the window).", base="materialize"),
+    Mutant("pm_g_ring_mask_32", "PMS8", "pm.state",
+           "(ring_base + lane_id) & ring_mask", "(ring_base + lane_id) & Int32(31)",
+           "kernel: g is read mod 32 whatever the ring depth.  Exposed by a 16-slot ring with a window past slot 15.",
+           base="materialize"),
+    Mutant("pm_copy_bdec_zero", "PMS2", "pm.copy",
+           "_bdec_v = _exp_approx_f32(_gc) if count > Int32(0) else f32(1.0)",
+           "_bdec_v = _exp_approx_f32(_gc) if count > Int32(0) else f32(0.0)",
+           "kernel: count == 0 scales the checkpoint by 0 instead of 1.  Exposed by any copy request.",
+           base="materialize"),
+    Mutant("pm_num_active_short", "PMS4", "pm.state",
+           "num_items = gNumActive.iterator[0] * HV", "num_items = (gNumActive.iterator[0] - Int32(1)) * HV",
+           "kernel: the last live entry within num_active is dropped.  Exposed by any call with a processed request.",
+           base="materialize"),
+    Mutant("pm_half0_from_dst", "PMM3", "pm.state",
+           "gH_slice0 = gH_tiled[None, None, None, 0, head, src_idx]",
+           "gH_slice0 = gH_tiled[None, None, None, 0, head, dst_idx]",
+           "kernel: the first K half of the checkpoint is read from the destination slot.  Exposed by any request "
+           "whose destination holds other values than its source.", base="materialize"),
+    Mutant("pm_key_head_mod", "PMM1", "pm.state",
+           "i_h = head // (HV // H)", "i_h = head % H",
+           "kernel: the key head of value head hv is hv % H instead of hv // (HV / H).  Exposed by H >= 2 with "
+           "HV / H >= 2.", base="materialize"),
+    Mutant("pm_derived_positive", "PMS5", "pm.copy",
+           "live = torch.nonzero(count >= 0, as_tuple=False)", "live = torch.nonzero(count > 0, as_tuple=False)",
+           "wrapper: the derived active list leaves out count == 0 rows.  Exposed by a copy request with the list "
+           "derived.", base="materialize"),
+    Mutant("pm_no_depth_check", "PMH9", "pm.guard",
+           "if ring_slots & (ring_slots - 1) or ring_slots < W_RING:", "if False:",
+           "wrapper: the ring depth check is gone (a 24-slot ring is launched).  Exposed by pm_guards' 24- or 8-slot "
+           "ring changes.", base="materialize"),
+    Mutant("pm_exp_sign", "PMM3", "pm.state",
+           "_exp_approx_f32(_gc - _g_hist_f32)", "_exp_approx_f32(_g_hist_f32 - _gc)",
+           "kernel: w_j = e^{g_j - G_C} instead of e^{G_C - g_j}.  Exposed by any request with count >= 2.",
+           base="materialize"),
 )

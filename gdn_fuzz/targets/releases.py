@@ -53,6 +53,7 @@ DIST = "flashinfer-python"
 KERNELS = ("flashinfer", "gdn_kernels")
 FLUSH_FILE = "gdn_decode_bf16_wy_ucache_flush.py"
 UMMA_FILE = "gdn_replay_mtp_umma.py"
+PM_FILE = "gdn_prefix_materialize.py"
 DECLARE = "GDN_FUZZ_RELEASE_MODEL"  # a module-level string a target file may set (step 3 above)
 
 
@@ -96,7 +97,7 @@ class EntryModel:
     or None where this entry accepts the change; a change not listed is caught by the check whose id
     is the change's own `check`, when this entry has one (else it is not modelled for this entry)."""
 
-    name: str  # "flush" | "umma" (| "materialize": issue 31)
+    name: str  # "flush" | "umma" | "materialize"
     file: str
     function: str
     params: tuple[str, ...]
@@ -366,6 +367,45 @@ UMMA_074 = EntryModel(
     arms=("bf16-state16",),
 )
 
+# The prefix materializer (PF 618-884 of 0.7.4, kernel-contract-0.7.4.md 2.2): every check a ValueError
+# unless noted, in this order; PMS6 (B == 0) returns after PMH15, before the device probe.
+_PM_PARAMS = ("state", "src_slots", "dst_slots", "k_cache", "u_cache", "g_cache", "cache_base", "count",
+              "active_request_indices", "num_active", "min_blocks_per_mp")
+MATERIALIZE_074 = EntryModel(
+    name="materialize", file=PM_FILE, function="gdn_prefix_materialize", params=_PM_PARAMS,
+    order=(
+        SIGNATURE,
+        _c("PMH1", "PMH1", "ValueError", "state not 4-D ('state must be [pool, HV, V, K]')"),
+        _c("PMH2", "PMH2", "ValueError", "k_cache or u_cache not 4-D, or g_cache not 3-D (one message names all three)"),
+        _c("PMH3", "PMH3", "ValueError", "state K or V != 128 ('this kernel is fixed at K == V == 128')", names=False),
+        _c("PMH4.zero", "PMH4", "ZeroDivisionError", "k_cache with H = 0: HV % H raises, unguarded", names=False),
+        _c("PMH4", "PMH4", "ValueError", "HV % H != 0 ('HV must be a multiple of H')", names=False),
+        _c("PMH5", "PMH5", "ValueError", "a ring feature dim != the state's ('ring feature dims must match')",
+           names=False),
+        _c("PMH6", "PMH6", "ValueError", "u_cache or g_cache head dim != HV"),
+        _c("PMH7", "PMH7", "ValueError", "k_cache or u_cache dtype != RING"),
+        _c("PMH8", "PMH8", "ValueError", "the three ring depths disagree (the message lists all three)"),
+        _c("PMH9", "PMH9", "ValueError", "ring depth R not a power of two, or R < 16", names=False),
+        _c("PMH10", "PMH10", "ValueError", "g_cache not float32"),
+        _c("PMH11", "PMH11", "ValueError", "src_slots, dst_slots, cache_base or count not a 1-D int32 tensor"),
+        _c("PMH12", "PMH12", "ValueError", "dst_slots, cache_base or count not of length B ('per-request tensors')",
+           names=False),
+        _c("PMH13", "PMH13", "ValueError", "num_active not a one-element CUDA int32 tensor; on CPU tensors every call "
+           "stops here (the derived num_active lives on count's device)", when=("pm_num_active_off_cuda",)),
+        _c("PMH14", "PMH14", "ValueError", "active_request_indices not a 1-D int32 tensor of length B"),
+        _c("PMH15", "PMH15", "ValueError", "state dtype != STATE"),
+        _c("PMS6", "PMS6", "", "B == 0: returns state at once, before the device probe and the layout checks",
+           when=("pm_empty",)),
+        _c("PMH16", "PMH16", "ValueError", "the device probe (gdn_device_target): state not on a CUDA device",
+           names=False, when=("no_device",)),
+        _c("PMH17", "PMH17", "ValueError", "a non-contiguous pool tensor with an inner dim not dense, an overlapping "
+           "slot stride, or (16-bit tensors) a slot stride that is not a multiple of 16 bytes"),
+        _c("PMH18", "PMH18", "ValueError", "a non-contiguous metadata tensor"),
+        _c("PMH19", "PMH19", "ValueError", "a data_ptr not 16-byte aligned (the message names no tensor)",
+           names=False),
+    ),
+)
+
 HMMA = Backend("hmma", sm_major=(9, 10, 11, 12), arms=ARM_NAMES, Ts=(4, 8),
                doc="the CuTe DSL mma.sync kernel (GdnDecodeUCacheFlushKernel); byte-identical in 0.7.2.post1 and 0.7.4")
 UMMA = Backend("umma", sm_major=(10,), arms=("bf16-state16",), Ts=(1, 2, 3, 4, 5, 6, 7, 8),
@@ -422,7 +462,7 @@ R_074 = Release(
         "gdn_replay_mtp_umma_rubin.py": "ad42bf71c1f53d2f14c4b47da6476516262a91598721b0247d5e45e1852bf9ef",
         "gdn_prefix_materialize.py": "fbbc6c67c02b28ddabacb11ac71b144d0265dda979a2a1427589ee313e84e368",
     }),
-    entries=MappingProxyType({"flush": FLUSH_074, "umma": UMMA_074}),
+    entries=MappingProxyType({"flush": FLUSH_074, "umma": UMMA_074, "materialize": MATERIALIZE_074}),
     backends=(UMMA, HMMA),  # the order backend='auto' tries them (H19)
     known_bugs=KNOWN_BUGS,
 )
