@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gdn_fuzz.arms import ARM_NAMES
+from gdn_fuzz.engine import corpus
 from gdn_fuzz.oracles import prefix as oracle
 from gdn_fuzz.prefix_case import PrefixCase, PrefixRegime, Request, load_case, materialize_prefix, processed_rows
 from gdn_fuzz.properties import get_property, hostchecks as hc
@@ -179,10 +180,17 @@ def test_change_sets_reference(data):
 PROPS = ("pm_launch", "pm_copy", "pm_relations", "pm_graph", "pm_guards")
 
 
+def _new(target, found):
+    """The findings that are not known bugs of the target's release (PM_KNOWN_BUGS: seen on the H200)."""
+    known = set(corpus.known_on_backend({}, target, target.backend_for("bf16", 4, 1, 1)))
+    return [f for f in found if f.signature() not in known]
+
+
 @pytest.mark.parametrize("ring", (16, 32))
 @pytest.mark.parametrize("prop", PROPS)
 def test_properties_hold(materializer_under_test, prop, ring):
-    """Each property on the materializer under test, every arm, one ring depth per test (one compile each)."""
+    """Each property on the materializer under test, every arm, one ring depth per test (one compile each); the
+    release's known bugs (the count == 0 copy's -0 and NaN bits, PMS2) are expected outcomes."""
     target, arms, device = materializer_under_test
     p = get_property(prop)
     geoms = ((2, 8),) if str(device).startswith("cuda") else ((1, 2), (2, 4))
@@ -191,23 +199,24 @@ def test_properties_hold(materializer_under_test, prop, ring):
     @settings(FIXTURE_OK, max_examples=12 if str(device).startswith("cuda") else 8)
     @given(strat)
     def body(case):
-        found = p.check(target, case, device)
+        found = _new(target, p.check(target, case, device))
         assert not found, case.describe() + "\n" + "\n".join(map(str, found))
 
     body()
 
 
 def test_qwen_geometry_on_gpu(materializer_under_test):
-    """H = 16, HV = 64 (Qwen3-Next) at B = 64 requests, every arm: the oracle and the write set."""
+    """H = 16, HV = 64 (Qwen3-Next) at B = 64 requests, every arm: the oracle and the write set (bits='random':
+    the every-pattern copies are pm_copy's)."""
     target, arms, device = materializer_under_test
     if not str(device).startswith("cuda"):
         pytest.skip("the Qwen3-Next geometry is for the GPU (on the CPU the reference loops over requests)")
     p = get_property("pm_launch")
 
-    @settings(FIXTURE_OK, max_examples=6)
-    @given(prefix_cases(arms=arms, geometries=((16, 64),), buckets=(64,)))
+    @settings(FIXTURE_OK, max_examples=3)
+    @given(prefix_cases(arms=arms, geometries=((16, 64),), buckets=(64,), bits="random"))
     def body(case):
-        found = p.check(target, case, device)
+        found = _new(target, p.check(target, case, device))
         assert not found, case.describe() + "\n" + "\n".join(map(str, found))
 
     body()
@@ -220,7 +229,7 @@ EXPOSE = {
     "over_window": ("pm_launch", _case([Request(0, 1, 0, 17, 16)])),
     "copy_arith": ("pm_copy", _case([Request(0, 1, 0, 0, 0)], regime=_ALL)),
     "num_active_short": ("pm_launch", _case([Request(0, 1, 0, 3, 3)])),
-    "derived_positive": ("pm_copy", _case([Request(0, 1, 0, 0, 0)], regime=_ALL)),
+    "derived_positive": ("pm_launch", _case([Request(0, 1, 0, 0, 0)])),
     "no_depth_check": ("pm_guards", None),
     "no_wrap": ("pm_launch", _case([Request(0, 1, 12, 8, 8)], ring=16)),
     "skip_over_window": ("pm_launch", _case([Request(0, 1, 0, 17, 16)])),

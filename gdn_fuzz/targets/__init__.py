@@ -109,7 +109,7 @@ class Target:
             return "umma"
         rel = self.release.release
         if self.model_entry == "materialize":
-            return None  # one kernel, no backends to route between
+            return "materialize"  # one kernel, no backends to route between: its known bugs are filed under it
         if not any(b.name != "hmma" and b.serves(arm, T, H, HV, m) for b in rel.backends for m in b.sm_major):
             return "hmma"  # no other backend serves this shape on any GPU: no need to ask which GPU this is
         major = releases.gpu_major(device)

@@ -442,6 +442,20 @@ KNOWN_BUGS = (
                 "by id(), so an in-place reload of a bf16 or strided source is not seen"}),
 )
 
+_SIG_PM_ZERO = "pm.copy [PMS2] bits differ"
+_SIG_PM_NAN = "pm.copy.nan [PMS2] bits differ"
+_PM_COPY_SRC = ("PF 428-432 compute a count == 0 'copy' as fma.rn.f32(S0, bdec = 1.0, D = +0) then cvt.rn to STATE "
+                "(_fold_fma_bf16x2, F 586-617)")
+PM_KNOWN_BUGS = (
+    KnownBug(_SIG_PM_ZERO, "PMS2", {
+        "materialize": "seen: H200, 2026-12-03 (docs/h200-results.md run 44): -0 (0x8000) is stored as +0; "
+                       + _PM_COPY_SRC + ", and (-0) * 1 + (+0) = +0 in round-to-nearest; every other non-NaN "
+                       "pattern (subnormals and Inf included) survives"}),
+    KnownBug(_SIG_PM_NAN, "PMS2", {
+        "materialize": "seen: H200, 2026-12-03 (run 44): every NaN becomes the canonical 0x7fff (bf16), sign and "
+                       "payload lost; " + _PM_COPY_SRC + ", and a NaN operand of fma.rn.f32 gives the canonical NaN"}),
+)
+
 R_072 = Release(
     version="0.7.2.post1",
     files=MappingProxyType({
@@ -464,7 +478,7 @@ R_074 = Release(
     }),
     entries=MappingProxyType({"flush": FLUSH_074, "umma": UMMA_074, "materialize": MATERIALIZE_074}),
     backends=(UMMA, HMMA),  # the order backend='auto' tries them (H19)
-    known_bugs=KNOWN_BUGS,
+    known_bugs=KNOWN_BUGS + PM_KNOWN_BUGS,  # the materializer's under its one kernel, "materialize" (Target.backend_for)
 )
 
 RELEASES: dict[str, Release] = {r.version: r for r in (R_072, R_074)}
