@@ -88,7 +88,7 @@ def prefix_cases(draw, *, arms=ARM_NAMES, geometries=CPU_GEOMETRIES, buckets=BUC
         elif kind == "skip_count":
             count = -draw(st.integers(1, 64))
         elif kind == "over":
-            count = draw(st.integers(W_RING + 1, 64))
+            count = draw(st.one_of(st.just(W_RING + 1), st.integers(W_RING + 1, 64)))  # 17: the first skipped
         reqs.append(Request(s, dst, base, count, hist))
     active = draw(st.sampled_from(tuple(actives)))
     order_seed = draw(st.one_of(st.just(0), st.integers(1, 2**31))) if active != "derived" else 0

@@ -85,7 +85,8 @@ def test_sm100_variant_reports_why_it_is_unavailable():
 
 
 def test_unknown_target_names_the_choices():
-    with pytest.raises(ValueError, match="neither 'reference', 'production', 'production@VERSION', 'sm100', 'mutant:NAME'"):
+    with pytest.raises(ValueError, match="neither 'reference', 'production', 'production@VERSION', 'sm100', 'materialize', "
+                                         "'materialize-reference', 'mutant:NAME'"):
         get_target("nonsense")
 
 

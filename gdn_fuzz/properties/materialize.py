@@ -73,8 +73,11 @@ def check_call(case: PrefixCase, before: dict, after: dict, returned, record: di
             want = st0[src]
             eq = same_bits(want, got)
             if not bool(eq.all()):
+                # three signatures: the sign of a zero lost (-0 -> +0), a NaN's bits changed, any other value changed
                 nan = torch.isnan(want.float())
-                for label, sel, clause in (("copy", ~nan, "PMS2"), ("copy.nan", nan, "PMS2")):
+                zero_sign = (want.float() == 0) & (got.float() == 0)
+                for label, sel, clause in (("copy", ~nan & ~zero_sign, "PMS2"), ("copy.zero_sign", zero_sign, "PMS2"),
+                                           ("copy.nan", nan, "PMS2")):
                     bad = (~eq) & sel
                     if bool(bad.any()):
                         at = bad.nonzero()[0].tolist()
@@ -82,7 +85,8 @@ def check_call(case: PrefixCase, before: dict, after: dict, returned, record: di
                         out.append(Finding(
                             f"{prop}.{label}", clause,
                             f"count == 0 is not a bit copy: {n} of {int(sel.sum())} "
-                            f"{'NaN' if label == 'copy.nan' else 'non-NaN'} elements differ; first at (head, v, k) = "
+                            f"{dict(copy='other', **{'copy.zero_sign': 'zero', 'copy.nan': 'NaN'})[label]} "
+                            "elements differ; first at (head, v, k) = "
                             f"{tuple(at)}: src {_bits_hex(want[tuple(at)])} ({want[tuple(at)].item()!r}) -> dst "
                             f"{_bits_hex(got[tuple(at)])} ({got[tuple(at)].item()!r})",
                             row=row, head=at[0], outcome=BITS_DIFFER, launch=record))

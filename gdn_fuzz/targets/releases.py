@@ -442,7 +442,7 @@ KNOWN_BUGS = (
                 "by id(), so an in-place reload of a bf16 or strided source is not seen"}),
 )
 
-_SIG_PM_ZERO = "pm.copy [PMS2] bits differ"
+_SIG_PM_ZERO = "pm.copy.zero_sign [PMS2] bits differ"
 _SIG_PM_NAN = "pm.copy.nan [PMS2] bits differ"
 _PM_COPY_SRC = ("PF 428-432 compute a count == 0 'copy' as fma.rn.f32(S0, bdec = 1.0, D = +0) then cvt.rn to STATE "
                 "(_fold_fma_bf16x2, F 586-617)")
