@@ -85,7 +85,7 @@ for step in "$@"; do
       echo "$step rc=$?" ;;
     pmmutants)
       need_bundle
-      timeout 560 gdn-fuzz mutants --base materialize --device cuda --budget "${PM_MUT_S:-25}" \
+      timeout 560 gdn-fuzz mutants --base materialize --device cuda --budget "${PM_MUT_S:-25}" ${PM_ONLY:+--only $PM_ONLY} \
         --json "$R/pmmutants.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     pmcampaign)
