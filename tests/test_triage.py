@@ -31,7 +31,9 @@ from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.case import Case, Regime, Row
 from gdn_fuzz.findings import Finding, raised
 from gdn_fuzz.targets.mutants import CATALOGUE, Mutant, materialize_mutant
-from gdn_fuzz.properties import REGISTRY, get_property
+from gdn_fuzz.properties import REGISTRY, for_kernel, get_property
+
+FLUSH = {n: REGISTRY[n] for n in for_kernel("flush")}  # the flush kernel's properties (the materializer's: test_materialize.py)
 from gdn_fuzz.strategies import CPU_GEOMETRIES
 from gdn_fuzz.targets import get_target
 
@@ -257,7 +259,7 @@ def test_the_precision_false_alarm_cannot_come_back(tmp_path):
     assert "precision" not in REGISTRY
     n3 = get_target(str(materialize_mutant(N3_ROUNDING, tmp_path)))
     for target in (get_target("reference"), n3):
-        for name, p in REGISTRY.items():
+        for name, p in FLUSH.items():
             assert p.check(target, PRECISION_FALSE_ALARM, "cpu") == [], (target.name, name)
     zero, n = rounding_pattern(observe(n3, PRECISION_FALSE_ALARM))["u"]
     assert n >= 128 and zero / n >= 0.75, (zero, n)
@@ -311,7 +313,7 @@ def test_correct_implementations_raise_no_alarm(target_name):
     nothing is reported.  (The long version, >= 10,000 examples each, is in docs/triage.md.)"""
     from gdn_fuzz.arms import ARM_NAMES
 
-    c = Campaign(target=get_target(target_name), device="cpu", properties=list(REGISTRY.values()), arms=ARM_NAMES,
+    c = Campaign(target=get_target(target_name), device="cpu", properties=list(FLUSH.values()), arms=ARM_NAMES,
                  Ts=(4, 8), geometries=CPU_GEOMETRIES, buckets=(4, 8), seed=3, round_examples=8, shrink=False)
     c.run(examples=8 * len(REGISTRY))
     assert c.stats.examples >= 8 * len(REGISTRY) and not c.findings, [f.signature for f in c.findings.values()]
@@ -325,12 +327,12 @@ def test_every_property_is_reached_in_the_first_tenth_of_an_example_budget():
     10 examples per property (80 for eight) every property has run within the first tenth (by example
     8 of 80), and every property gets its share (the old rounds of 25 per property reached only four
     properties in 80 examples)."""
-    n = len(REGISTRY)
-    camp = Campaign(target=get_target("reference"), device="cpu", properties=list(REGISTRY.values()),
+    n = len(FLUSH)
+    camp = Campaign(target=get_target("reference"), device="cpu", properties=list(FLUSH.values()),
                     arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=3, shrink=False)
     camp.run(examples=10 * n)
     pp = camp.stats.per_property
-    assert set(pp) == set(REGISTRY), f"properties never run: {sorted(set(REGISTRY) - set(pp))}"
+    assert set(pp) == set(FLUSH), f"properties never run: {sorted(set(FLUSH) - set(pp))}"
     assert max(p["first_example"] for p in pp.values()) < n, pp
     assert sum(p["examples"] for p in pp.values()) == camp.stats.examples == 10 * n
     assert min(p["examples"] for p in pp.values()) >= 10 - 4, pp

@@ -237,6 +237,11 @@ class Campaign:
         k = self.seeds_per_example
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
+        other = [p.name for p in self.properties if p.kernel != self.target.kernel]
+        if other:
+            raise ValueError(f"properties {', '.join(other)} check another kernel than target {self.target.name}'s "
+                             f"({self.target.kernel}); use properties of kernel {self.target.kernel!r} "
+                             "(gdn_fuzz.properties.for_kernel)")
         self._worker = None
         if self.record_path is None or hasattr(self.record_path, "write"):
             self._records = self.record_path
