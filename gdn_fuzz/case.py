@@ -80,6 +80,36 @@ def _check_keys(what: str, d: dict, cls) -> None:
         raise ValueError(f"{what} lacks required field(s) {', '.join(missing)}")
 
 
+def case_fields(d, cls, items: str, item_cls, regime_cls) -> dict:
+    """The keyword arguments of case class `cls` stored as `d` (a case's to_dict()): its version, its keys, its
+    list `items` of `item_cls` objects (1 to MAX_ROWS) and its `regime_cls` regime, each checked before anything is
+    built; ValueError naming the field otherwise.  The flush Case (rows) and the PrefixCase (requests) read so."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a case must be a JSON object, got {type(d).__name__}")
+    d = dict(d)
+    ver = d.get("version", None)
+    if ver != CASE_VERSION:
+        raise ValueError(f"case version={ver!r} is not supported (this gdn_fuzz reads version {CASE_VERSION})")
+    _check_keys("case", d, cls)
+    seq = d[items]
+    if not isinstance(seq, (list, tuple)):
+        raise ValueError(f"case.{items} must be a list of {items}, got {type(seq).__name__}")
+    if not 1 <= len(seq) <= MAX_ROWS:
+        raise ValueError(f"case.{items} has {len(seq)} {items}; legal: 1 <= {items} <= {MAX_ROWS}")
+    names = ", ".join(f.name for f in dataclasses.fields(item_cls))
+    for i, r in enumerate(seq):
+        if not isinstance(r, dict):
+            raise ValueError(f"case.{items}[{i}] must be an object with {names}; got {r!r}")
+        _check_keys(f"case.{items}[{i}]", r, item_cls)
+    d[items] = tuple(item_cls(**r) for r in seq)
+    reg = d.get("regime", {})
+    if not isinstance(reg, dict):
+        raise ValueError(f"case.regime must be an object, got {type(reg).__name__}")
+    _check_keys("case.regime", reg, regime_cls)
+    d["regime"] = regime_cls(**reg)
+    return d
+
+
 @dataclass(frozen=True)
 class Row:
     """One batch row: pool slot (negative = pad row, M8), hist_len P, cache_base."""
@@ -190,33 +220,16 @@ class Case:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def record_fields(self) -> dict:
+        """What a campaign's per-example record says of this case."""
+        return dict(arm=self.arm, T=self.T, H=self.H, HV=self.HV, B=self.B, pool=self.pool, flush_min=self.fmin,
+                    rows=[[r.slot, r.hist_len, r.cache_base] for r in self.rows], regime=self.regime.__dict__)
+
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
         """The Case stored as `d` (to_dict()), validated (Case.validate) before anything is
         allocated; any problem raises ValueError with a one-line message naming the field."""
-        if not isinstance(d, dict):
-            raise ValueError(f"a case must be a JSON object, got {type(d).__name__}")
-        d = dict(d)
-        ver = d.get("version", None)
-        if ver != CASE_VERSION:
-            raise ValueError(f"case version={ver!r} is not supported (this gdn_fuzz reads version {CASE_VERSION})")
-        _check_keys("case", d, cls)
-        rows = d["rows"]
-        if not isinstance(rows, (list, tuple)):
-            raise ValueError(f"case.rows must be a list of rows, got {type(rows).__name__}")
-        if not 1 <= len(rows) <= MAX_ROWS:
-            raise ValueError(f"case.rows has {len(rows)} rows; legal: 1 <= rows <= {MAX_ROWS}")
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict):
-                raise ValueError(f"case.rows[{i}] must be an object with slot, hist_len, cache_base; got {r!r}")
-            _check_keys(f"case.rows[{i}]", r, Row)
-        d["rows"] = tuple(Row(**r) for r in rows)
-        reg = d.get("regime", {})
-        if not isinstance(reg, dict):
-            raise ValueError(f"case.regime must be an object, got {type(reg).__name__}")
-        _check_keys("case.regime", reg, Regime)
-        d["regime"] = Regime(**reg)
-        case = cls(**d)
+        case = cls(**case_fields(d, cls, "rows", Row, Regime))
         case.validate()
         return case
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gdn_fuzz.arms import ARM_NAMES, Arm, get_arm
-from gdn_fuzz.case import CASE_VERSION, INT32, MAX_POOL, MAX_ROWS, W_RING, Case, _bounded, _check_keys
+from gdn_fuzz.case import CASE_VERSION, INT32, MAX_POOL, MAX_ROWS, W_RING, Case, _bounded, case_fields
 from gdn_fuzz.oracles import gdn as gdn_oracle
 
 KIND = "materialize"
@@ -155,27 +155,7 @@ class PrefixCase:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PrefixCase":
-        if not isinstance(d, dict):
-            raise ValueError(f"a case must be a JSON object, got {type(d).__name__}")
-        d = dict(d)
-        if d.get("version") != CASE_VERSION:
-            raise ValueError(f"case version={d.get('version')!r} is not supported (this gdn_fuzz reads version "
-                             f"{CASE_VERSION})")
-        _check_keys("case", d, cls)
-        reqs = d["requests"]
-        if not isinstance(reqs, (list, tuple)) or not 1 <= len(reqs) <= MAX_ROWS:
-            raise ValueError(f"case.requests must be a list of 1 to {MAX_ROWS} requests, got {reqs!r:.80}")
-        for i, r in enumerate(reqs):
-            if not isinstance(r, dict):
-                raise ValueError(f"case.requests[{i}] must be an object with src, dst, base, count, hist; got {r!r}")
-            _check_keys(f"case.requests[{i}]", r, Request)
-        d["requests"] = tuple(Request(**r) for r in reqs)
-        reg = d.get("regime", {})
-        if not isinstance(reg, dict):
-            raise ValueError(f"case.regime must be an object, got {type(reg).__name__}")
-        _check_keys("case.regime", reg, PrefixRegime)
-        d["regime"] = PrefixRegime(**reg)
-        return cls(**d).validate()
+        return cls(**case_fields(d, cls, "requests", Request, PrefixRegime)).validate()
 
     def validate(self) -> "PrefixCase":
         """Each field against its bounds; ValueError naming the field, its value and the legal range."""

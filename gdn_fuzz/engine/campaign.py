@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.prefix_case import is_prefix
 from gdn_fuzz.strategies import prefix as prefix_strategies
 from gdn_fuzz.findings import Finding
 from gdn_fuzz.properties import Property
@@ -269,39 +268,35 @@ class Campaign:
         return sum(self.target.compile_count(a) for a in self.arms)
 
     def warm_up(self) -> "Campaign":
-        """One launch per (arm, T, geometry, bucket): pays every JIT compile before run()'s clock.
+        """One launch per compile key (_warm_cases): pays every JIT compile before run()'s clock.
 
-        The launches are legal Cases (all rows real, each on its own slot, no window) checked
-        by the `launch` property; their findings are not recorded (the campaign finds them).
+        The launches are legal cases (flush kernel: all rows real, each on its own slot, no window, checked by
+        `launch`; materializer: one one-entry fold, checked by `pm_launch`); their findings are not recorded
+        (the campaign finds them).
         """
 
         t0, c0 = time.monotonic(), self._compiles()
-        rng = random.Random(self.seed)
-        if self.target.kernel == "materialize":  # one compile per (arm, geometry, ring depth): PMD4
-            prop = get_property("pm_launch")
-            for case in prefix_strategies.warm_cases(self.arms, prefix_strategies.geometries_for(self.target),
-                                                     seed=rng.randrange(2**32)):
-                if self._stop_requested:
-                    raise KeyboardInterrupt
-                self._check(prop, case)
-            self.stats.warmup_s += time.monotonic() - t0
-            self.stats.warmup_compiles += self._compiles() - c0
-            self.stats.started = time.monotonic()
-            return self
-        prop = get_property("launch")
-        for arm in self.arms:
-            for T in self.Ts:
-                for H, HV in self.geometries:
-                    for bucket in self.buckets:
-                        if self._stop_requested:  # request_stop() from another thread (a fleet worker's)
-                            raise KeyboardInterrupt
-                        rows = tuple(Row(s, 0, rng.randrange(32)) for s in range(bucket))
-                        self._check(prop, Case(arm=arm, T=T, H=H, HV=HV, pool=bucket, rows=rows,
-                                               seed=rng.randrange(2**32), draws=self.draws))
+        for prop, case in self._warm_cases(random.Random(self.seed)):
+            if self._stop_requested:  # request_stop() from another thread (a fleet worker's)
+                raise KeyboardInterrupt
+            self._check(prop, case)
         self.stats.warmup_s += time.monotonic() - t0
         self.stats.warmup_compiles += self._compiles() - c0
         self.stats.started = time.monotonic()
         return self
+
+    def _warm_cases(self, rng: random.Random):
+        """(property, case) of every warm-up launch: per (arm, T, geometry, bucket) for the flush kernel; per
+        (arm, geometry, ring depth) for the materializer (PMD4: its B is dynamic)."""
+        if self.target.kernel == "materialize":
+            prop = get_property("pm_launch")
+            return [(prop, c) for c in prefix_strategies.warm_cases(
+                self.arms, prefix_strategies.geometries_for(self.target), seed=rng.randrange(2**32))]
+        prop = get_property("launch")
+        return [(prop, Case(arm=arm, T=T, H=H, HV=HV, pool=bucket, rows=tuple(Row(s, 0, rng.randrange(32))
+                                                                               for s in range(bucket)),
+                            seed=rng.randrange(2**32), draws=self.draws))
+                for arm in self.arms for T in self.Ts for H, HV in self.geometries for bucket in self.buckets]
 
     def _check(self, prop: Property, case: Case):
         if self._worker is not None:
@@ -451,11 +446,8 @@ class Campaign:
             else:
                 self.repeats[sig] += 1
         if self._records is not None:
-            shape = case.record_fields() if is_prefix(case) else dict(
-                arm=case.arm, T=case.T, H=case.H, HV=case.HV, B=case.B, pool=case.pool, flush_min=case.fmin,
-                rows=[[r.slot, r.hist_len, r.cache_base] for r in case.rows], regime=case.regime.__dict__)
             self._records.write(json.dumps(dict(
-                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, **shape,
+                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, **case.record_fields(),
                 metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
                 signatures=sorted({f.signature() for f in found}),
                 known=sorted({f.signature() for f in known}))) + "\n")

@@ -55,21 +55,24 @@ def _module_file(dotted: str) -> Path | None:
     return None
 
 
-def resolve_production_path() -> Path:
-    """$GDN_FUZZ_KERNEL_MODULE if set, else the installed FlashInfer module's file."""
-    env = os.environ.get(KERNEL_MODULE_ENV, "").strip()
+def _resolve(env_var: str, module: str, entry: str, install_hint: str) -> Path:
+    """$env_var if set (a file defining `entry`: a user's or an edited copy), else the installed `module`'s file."""
+    env = os.environ.get(env_var, "").strip()
     if env:
         p = Path(env).expanduser()
         if not p.is_file():
-            raise TargetUnavailable(
-                f"{KERNEL_MODULE_ENV}={env!r} is not a file; point it at a .py file that defines {ENTRY}")
+            raise TargetUnavailable(f"{env_var}={env!r} is not a file; point it at a .py file that defines {entry}")
         return p.resolve()
-    p = _module_file(PRODUCTION_MODULE)
+    p = _module_file(module)
     if p is None:
-        raise TargetUnavailable(
-            f"{PRODUCTION_MODULE} is not installed; `pip install 'gdn-fuzz[gpu]'` "
-            f"(flashinfer-python==0.7.4) or set {KERNEL_MODULE_ENV}=/path/to/file.py")
+        raise TargetUnavailable(f"{module} is not installed; {install_hint} or set {env_var}=/path/to/file.py")
     return p
+
+
+def resolve_production_path() -> Path:
+    """$GDN_FUZZ_KERNEL_MODULE if set, else the installed FlashInfer module's file."""
+    return _resolve(KERNEL_MODULE_ENV, PRODUCTION_MODULE, ENTRY,
+                    "`pip install 'gdn-fuzz[gpu]'` (flashinfer-python==0.7.4)")
 
 
 _LOCK = threading.RLock()
@@ -135,19 +138,8 @@ def check_fits(mod: ModuleType, arm: Arm, path: Path, entry: str = ENTRY) -> Non
 
 def resolve_materialize_path() -> Path:
     """$GDN_FUZZ_MATERIALIZE_MODULE if set (an edited copy of gdn_prefix_materialize.py), else the installed file."""
-    env = os.environ.get(MATERIALIZE_MODULE_ENV, "").strip()
-    if env:
-        p = Path(env).expanduser()
-        if not p.is_file():
-            raise TargetUnavailable(
-                f"{MATERIALIZE_MODULE_ENV}={env!r} is not a file; point it at a .py file that defines {PM_ENTRY}")
-        return p.resolve()
-    p = _module_file(PM_MODULE)
-    if p is None:
-        raise TargetUnavailable(
-            f"{PM_MODULE} is not installed; it ships with flashinfer-python 0.7.4: `pip install 'gdn-fuzz[gpu]'` "
-            f"(or [kernel-cpu] for its host checks), or set {MATERIALIZE_MODULE_ENV}=/path/to/file.py")
-    return p
+    return _resolve(MATERIALIZE_MODULE_ENV, PM_MODULE, PM_ENTRY, "it ships with flashinfer-python 0.7.4: "
+                    "`pip install 'gdn-fuzz[gpu]'` (or [kernel-cpu] for its host checks)")
 
 
 def package_relative(path: Path) -> bool:
