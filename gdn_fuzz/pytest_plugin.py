@@ -332,10 +332,9 @@ def gdn_selection(pytestconfig):
 def target_under_test(gdn_selection):
     """(Target, arms, device) chosen by the gdn_fuzz options, for property suites (a user's own test
     files get it too); skips with the reason when the target cannot launch here."""
-    from gdn_fuzz.targets import TargetMismatch, TargetUnavailable, get_target
+    from gdn_fuzz.targets import kernel_of
 
     name, arms, device = gdn_selection
-    from gdn_fuzz.targets import kernel_of
 
     if kernel_of(name) != "flush":
         pytest.skip(f"target {name!r} is a prefix materializer: the flush kernel's suites do not apply "

@@ -271,8 +271,7 @@ def _kills(name, device):
     assert any(f.prop.startswith(m.prop) for f in found), (name, [str(f) for f in found])
 
 
-@pytest.mark.parametrize("name", mutants_ := [n for n, m in mutants.CATALOGUE.items()
-                                              if m.base == "materialize-reference"])
+@pytest.mark.parametrize("name", [n for n, m in mutants.CATALOGUE.items() if m.base == "materialize-reference"])
 def test_reference_edits_killed(name):
     _kills(name, "cpu")
 

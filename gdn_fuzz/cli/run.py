@@ -17,9 +17,9 @@ from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpu
 from gdn_fuzz.engine.raycluster import run_on_ray
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
-from gdn_fuzz.properties import REGISTRY
+from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.strategies import POOL_SCALES
-from gdn_fuzz.targets import releases
+from gdn_fuzz.targets import kernel_of, releases
 
 
 def validate_run_args(args) -> None:
@@ -60,9 +60,16 @@ def validate_run_args(args) -> None:
         except ValueError as e:
             raise UsageError(f"--arms {' '.join(args.arms)}: {e}") from None
     if args.property:
+        try:
+            kernel = kernel_of(args.target) if getattr(args, "target", None) else None
+        except ValueError:
+            kernel = None  # an unknown target: reported where the target is resolved
         for p in args.property:
             if p not in REGISTRY:
                 raise UsageError(f"--property {p}: unknown; use one of {', '.join(REGISTRY)}")
+            if kernel is not None and REGISTRY[p].kernel != kernel:
+                raise UsageError(f"--property {p} checks the {REGISTRY[p].kernel} kernel and --target {args.target} is "
+                                 f"a {kernel} target; use one of {', '.join(for_kernel(kernel))}")
 
 
 def cmd_run(args) -> int:

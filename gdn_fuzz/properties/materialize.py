@@ -28,7 +28,7 @@ import random
 import torch
 
 from gdn_fuzz import compare
-from gdn_fuzz.findings import BITS_DIFFER, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, Finding, Findings, raised
+from gdn_fuzz.findings import BITS_DIFFER, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, Finding, Findings, launch_record, raised
 from gdn_fuzz.observation import clone_inputs, same_bits
 from gdn_fuzz.oracles import prefix as oracle
 from gdn_fuzz.prefix_case import PrefixCase, Request, materialize_prefix
@@ -39,10 +39,6 @@ from gdn_fuzz.targets import Target
 
 META = ("src_slots", "dst_slots", "cache_base", "count", "active_request_indices", "num_active")
 READ_ONLY = ("k_cache", "u_cache", "g_cache") + META
-
-
-def _record(case: PrefixCase, transform: str = "", params: dict | None = None, note: str = "") -> dict:
-    return dict(case=case.to_dict(), transform=transform, params=dict(params or {}), note=note, changes=[])
 
 
 def call(target: Target, case: PrefixCase, inputs: dict):
@@ -57,62 +53,76 @@ def _bits_hex(x: torch.Tensor) -> str:
     return f"0x{int(x.view(torch.int16).item()) & 0xFFFF:04x}"
 
 
+def error_ratio(arm: str, e: oracle.PrefixExpectation, got: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
+    """max |got - S| / PMN5 bound (compare.prefix_bound) per (request, head) of the fold requests of `e`; got and S0
+    [n, HV, V, K]: the states written and the sources read.  NaN where got is not finite."""
+    g64 = got.double()
+    bound = compare.prefix_bound(arm, e.S, e.M, e.W, e.U, e.A, e.ksum, S0.double().abs())
+    r = ((g64 - e.S).abs() / bound).amax(dim=(2, 3))
+    return torch.where(torch.isfinite(g64).all(3).all(2), r, torch.full_like(r, float("nan")))
+
+
+def _copy_findings(prop, row, want, got, record) -> list[Finding]:
+    """A count == 0 request whose destination is not its source's bits, in three signatures: the sign of a zero
+    lost (-0 -> +0), a NaN's bits changed, any other value changed (PMS2)."""
+    eq = same_bits(want, got)
+    nan = torch.isnan(want.float())
+    zero_sign = (want.float() == 0) & (got.float() == 0)
+    out = []
+    for label, sel, what in (("copy", ~nan & ~zero_sign, "other"), ("copy.zero_sign", zero_sign, "zero"),
+                             ("copy.nan", nan, "NaN")):
+        bad = (~eq) & sel
+        if bool(bad.any()):
+            at = tuple(bad.nonzero()[0].tolist())
+            out.append(Finding(
+                f"{prop}.{label}", "PMS2",
+                f"count == 0 is not a bit copy: {int(bad.sum())} of {int(sel.sum())} {what} elements differ; first at "
+                f"(head, v, k) = {at}: src {_bits_hex(want[at])} ({want[at].item()!r}) -> dst {_bits_hex(got[at])} "
+                f"({got[at].item()!r})", row=row, head=at[0], outcome=BITS_DIFFER, launch=record))
+    return out
+
+
 def check_call(case: PrefixCase, before: dict, after: dict, returned, record: dict, prop: str = "pm") -> Findings:
-    """The contract's word on one legal call: `before` its inputs, `after` the same tensors after it."""
+    """The contract's word on one legal call: `before` its inputs, `after` the same tensors after it.  All requests
+    are compared at once (one host sync per verdict); a failing request is then described on its own."""
     out = Findings()
     st0, st1 = before["state"], after["state"]
+    dev = st0.device
     if returned is not st1:
         out.append(Finding(f"{prop}.return", "PMW1", "did not return its `state` argument (the same object)",
                            outcome=WRONG_VALUE, launch=record))
     e = oracle.materialize(**before)
     worst = None
-    for i, (row, dst) in enumerate(zip(e.rows, e.dst)):
-        got = st1[dst]
-        src = case.requests[row].src
-        if bool(e.copy[i]):
-            want = st0[src]
-            eq = same_bits(want, got)
-            if not bool(eq.all()):
-                # three signatures: the sign of a zero lost (-0 -> +0), a NaN's bits changed, any other value changed
-                nan = torch.isnan(want.float())
-                zero_sign = (want.float() == 0) & (got.float() == 0)
-                for label, sel, clause in (("copy", ~nan & ~zero_sign, "PMS2"), ("copy.zero_sign", zero_sign, "PMS2"),
-                                           ("copy.nan", nan, "PMS2")):
-                    bad = (~eq) & sel
-                    if bool(bad.any()):
-                        at = bad.nonzero()[0].tolist()
-                        n = int(bad.sum())
-                        out.append(Finding(
-                            f"{prop}.{label}", clause,
-                            f"count == 0 is not a bit copy: {n} of {int(sel.sum())} "
-                            f"{dict(copy='other', **{'copy.zero_sign': 'zero', 'copy.nan': 'NaN'})[label]} "
-                            "elements differ; first at (head, v, k) = "
-                            f"{tuple(at)}: src {_bits_hex(want[tuple(at)])} ({want[tuple(at)].item()!r}) -> dst "
-                            f"{_bits_hex(got[tuple(at)])} ({got[tuple(at)].item()!r})",
-                            row=row, head=at[0], outcome=BITS_DIFFER, launch=record))
-            continue
-        S = e.S[i]
-        g64 = got.double()
-        if not bool(torch.isfinite(g64).all()):
-            h = int((~torch.isfinite(g64)).nonzero()[0, 0])
-            out.append(Finding(f"{prop}.state", "PMM3", f"non-finite values in state[dst={dst}] where the float64 "
-                               "oracle is finite (NaN outside the window leaked, or an overflow)", row=row, head=h,
-                               outcome=NON_FINITE, launch=record))
-            continue
-        bound = compare.prefix_bound(case.arm, S, e.M[i], e.W[i], e.U[i], e.A[i], e.ksum[i], st0[src].double().abs())
-        ratio = ((g64 - S).abs() / bound).amax(dim=(1, 2))  # per head
-        h = int(ratio.argmax())
-        r = float(ratio[h])
-        worst = r if worst is None else max(worst, r)
-        if r > 1.0:
-            out.append(Finding(f"{prop}.state", "PMM3", f"state[dst={dst}] differs from the float64 prefix state",
-                               row=row, head=h, value=r, tol=1.0, outcome=OUT_OF_TOLERANCE,
-                               unit="max |error| / PMN5 bound per element", bound=compare.PM_TERMS, launch=record))
+    if e.rows:
+        src = torch.tensor([case.requests[p].src for p in e.rows], device=dev)
+        got, S0 = st1[torch.tensor(e.dst, device=dev)], st0[src]
+        copy = e.copy.to(dev)
+        same = same_bits(S0, got).reshape(len(e.rows), -1).all(1)
+        for i in (copy & ~same).nonzero()[:, 0].tolist():
+            out.extend(_copy_findings(prop, e.rows[i], S0[i], got[i], record))
+        ratio = error_ratio(case.arm, e, got, S0)  # [n, HV]; copies: 0 within bits, judged above
+        ratio = torch.where(copy[:, None], torch.zeros_like(ratio), ratio)
+        bad = ratio.isnan() | (ratio > 1.0)
+        finite = ratio[~ratio.isnan()]
+        worst = float(finite.max()) if finite.numel() else None
+        for i in (bad.any(1).nonzero()[:, 0].tolist() if bool(bad.any()) else ()):
+            r = ratio[i]
+            if bool(r.isnan().any()):
+                out.append(Finding(f"{prop}.state", "PMM3", f"non-finite values in state[dst={e.dst[i]}] where the "
+                                   "float64 oracle is finite (NaN outside the window leaked, or an overflow)",
+                                   row=e.rows[i], head=int(r.isnan().nonzero()[0, 0]), outcome=NON_FINITE,
+                                   launch=record))
+            else:
+                h = int(r.argmax())
+                out.append(Finding(f"{prop}.state", "PMM3", f"state[dst={e.dst[i]}] differs from the float64 prefix "
+                                   "state", row=e.rows[i], head=h, value=float(r[h]), tol=1.0,
+                                   outcome=OUT_OF_TOLERANCE, unit="max |error| / PMN5 bound per element",
+                                   bound=compare.PM_TERMS, launch=record))
     out.metrics = {"state": [worst]}
     # PMW1-PMW3: nothing else changes
-    keep = torch.ones(st0.shape[0], dtype=torch.bool, device=st0.device)
+    keep = torch.ones(st0.shape[0], dtype=torch.bool, device=dev)
     if e.dst:
-        keep[torch.tensor(e.dst, device=st0.device)] = False
+        keep[torch.tensor(e.dst, device=dev)] = False
     moved = ~same_bits(st0[keep], st1[keep]).reshape(int(keep.sum()), -1).all(1)
     if bool(moved.any()):
         slot = int(keep.nonzero()[moved.nonzero()[0, 0], 0])
@@ -130,7 +140,7 @@ def check_launch(target: Target, case: PrefixCase, device: str = "cpu") -> Findi
     inputs = materialize_prefix(case, device)
     before = clone_inputs(inputs)
     ret, err = call(target, case, inputs)
-    rec = _record(case)
+    rec = launch_record(case)
     if err is not None:
         return Findings([Finding("pm.launch", "PMH*", f"a legal call raised {type(err).__name__}: {str(err)[:200]}",
                                  outcome=raised(err), launch=rec)])
@@ -162,11 +172,11 @@ def check_relations(target: Target, case: PrefixCase, device: str = "cpu") -> Fi
     ret, err = call(target, case, first)
     if err is not None:
         return Findings([Finding("pm_relations.launch", "PMH*", f"a legal call raised {raised(err)}", outcome=raised(err),
-                                 launch=_record(case))])
+                                 launch=launch_record(case))])
     out = Findings()
     dsts = torch.tensor([case.requests[p].dst for p in processed], device=first["state"].device)
     for label, other in (("determinism", case), ("reordered", _relabelled(case))):
-        rec = _record(other, note=f"pm_relations.{label}: against the call of the case as drawn")
+        rec = launch_record(other, note=f"pm_relations.{label}: against the call of the case as drawn")
         kw = materialize_prefix(other, device)
         _, err = call(target, other, kw)
         if err is not None:
@@ -210,9 +220,8 @@ def check_graph(target: Target, case: PrefixCase, device: str = "cpu") -> Findin
     _, err = call(target, base, eager)  # also compiles outside the capture
     if err is not None:
         return Findings([Finding("pm_graph.eager", "PMH*", f"a legal call raised {raised(err)}", outcome=raised(err),
-                                 launch=_record(base))])
+                                 launch=launch_record(base))])
     out = Findings()
-    start = clone_inputs(static)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -225,11 +234,8 @@ def check_graph(target: Target, case: PrefixCase, device: str = "cpu") -> Findin
                 target.launch(base.arm, **static)
     except Exception as e:  # noqa: BLE001
         return Findings([Finding("pm_graph.capture", "PMS5", f"capture failed: {raised(e)}", outcome=raised(e),
-                                 launch=_record(base, note="pm_graph: captured"))])
-    torch.cuda.current_stream().wait_stream(s)
-    for name, t in start.items():  # capture ran nothing: restore the inputs anyway
-        if isinstance(t, torch.Tensor):
-            static[name].copy_(t)
+                                 launch=launch_record(base, note="pm_graph: captured"))])
+    torch.cuda.current_stream().wait_stream(s)  # capture records the work and runs none of it
     for k, seed in enumerate((case.seed, case.seed ^ 0x5A5A5A5A)):
         new = dataclasses.replace(base, seed=seed)
         kw = materialize_prefix(new, device)
@@ -237,13 +243,17 @@ def check_graph(target: Target, case: PrefixCase, device: str = "cpu") -> Findin
             static[name].copy_(kw[name])
         ref = clone_inputs(kw)
         ref["active_request_indices"], ref["num_active"] = device_active(ref["count"])
-        call(target, new, ref)
+        _, err = call(target, new, ref)
+        if err is not None:
+            out.append(Finding("pm_graph.eager", "PMH*", f"a legal call raised {raised(err)}", outcome=raised(err),
+                               launch=launch_record(new)))
+            break
         g.replay()
         torch.cuda.synchronize()
         if not bool(same_bits(ref["state"], static["state"]).all()):
             out.append(Finding("pm_graph.replay", "PMR6", f"replay {k} of the captured call differs from the eager call "
                                "on the same inputs", outcome=BITS_DIFFER,
-                               launch=_record(new, note=f"pm_graph: replay {k} of a captured call")))
+                               launch=launch_record(new, note=f"pm_graph: replay {k} of a captured call")))
             break
     return out
 
@@ -273,7 +283,7 @@ def check_guards(target: Target, case: PrefixCase, device: str = "cpu") -> Findi
         not_exercised("pm_guards", "a change the release does not validate would launch the kernel on it")
         return Findings()
     p = hc.probe(fn, mod, rel, "materialize", case.arm, changes, device)
-    rec = _record(case, note="pm_guards: changes " + ", ".join(c.id for c in changes))
+    rec = launch_record(case, note="pm_guards: changes " + ", ".join(c.id for c in changes))
     out = Findings()
     if p.problem:
         chk = p.expected.check

@@ -96,9 +96,7 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
     """
 
     names = list(names) if names else reference_mutants()
-    if properties is None:
-        props = list(_P.REGISTRY.values())
-    else:
+    if properties is not None:
         props = [p if isinstance(p, _P.Property) else _P.get_property(p) for p in properties]
     results = []
     for name in names:
@@ -109,7 +107,7 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
                    baseline_killed=None, baseline_failures=[])
         target = get_target(f"mutant:{name}")
         if properties is None:  # the properties of the mutant's kernel (Property.kernel)
-            props = [p for p in _P.REGISTRY.values() if p.kernel == target.kernel]
+            props = [_P.REGISTRY[n] for n in _P.for_kernel(target.kernel)]
         why = target.unavailable_reason(device)
         if why:
             rec["skipped"] = why

@@ -67,7 +67,8 @@ class Check:
 
     id      unique within the entry ("H13", "H11.range", "H19.device", "U.T")
     clause  the contract clause it implements (kernel-contract.md, kernel-contract-0.7.4.md)
-    exc     the exception type's name
+    exc     the exception type's name; "" for a check that does not raise: with `route` it hands the call on,
+            without one the call returns there (the materializer's B == 0, PMS6)
     names   the message names the argument it rejects (False: a bare assert or a generic message)
     when    environment conditions (gdn_fuzz.properties.hostchecks.CONDITIONS) under which the check
             fires on *any* call that reaches it, whatever the arguments: the device probe on CPU
