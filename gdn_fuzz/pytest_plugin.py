@@ -369,3 +369,22 @@ def materializer_under_test(gdn_selection):
     if kernel_of(name) != "materialize":
         name = "materialize" if str(device).startswith("cuda") else "materialize-reference"
     return _loaded(name, arms, device)
+
+
+@pytest.fixture(scope="session")
+def prefix_serving_under_test(gdn_selection):
+    """(flush Target, materializer Target, arms, device) of the prefix-cache serving flow (tests/test_prefix_serving.py):
+    --gdn-target names one of the two kernels and the other is the installed one on a CUDA device (production /
+    materialize), the torch reference elsewhere (reference / materialize-reference).  Skips with the reason when either
+    cannot launch here."""
+    from gdn_fuzz.targets import kernel_of
+
+    name, arms, device = gdn_selection
+    cuda = str(device).startswith("cuda")
+    if kernel_of(name) == "materialize":
+        flush, mat = ("production" if cuda else "reference"), name
+    else:
+        flush, mat = name, ("materialize" if cuda else "materialize-reference")
+    t, _, _ = _loaded(flush, arms, device)
+    m, _, _ = _loaded(mat, arms, device)
+    return t, m, arms, device

@@ -31,17 +31,24 @@ class StepInputs:
     accepted: torch.Tensor  # [B] int, 1..T
 
 
-def sequential_decode(S, step: StepInputs, A_log, dt_bias, scale: float):
+def sequential_decode(S, step: StepInputs, A_log, dt_bias, scale: float, *, trail: bool = False):
     """Advance the logical states S [B, HV, V, K] by each row's accepted tokens.
 
-    Returns (S_next, y) with y [B, T, HV, V] for all T drafts (rejected ones included).
+    Returns (S_next, y) with y [B, T, HV, V] for all T drafts (rejected ones included); trail=True:
+    (S_next, y, states) with states [B, T, HV, V, K], S after every draft token t (a row's first
+    `accepted` of them are the states of its accepted tokens: what a prefix cache can store).
     """
     HV = step.v.shape[2]
     g, beta = gates(step.a, dt_bias, A_log, step.b)
     q_hat, k_hat = normalized_qk(step.q, step.k, HV, scale)
     n = step.accepted.long() - 1  # index of the last accepted token; -1: none accepted (C4 allows 0)
-    y, _, S_next = sequential(S, q_hat, k_hat, step.v, g, beta, pick=n)  # S after token n per row
-    return S_next, y
+    if not trail:
+        y, _, S_next = sequential(S, q_hat, k_hat, step.v, g, beta, pick=n)  # S after token n per row
+        return S_next, y
+    y, _, states = sequential(S, q_hat, k_hat, step.v, g, beta)
+    last = states[torch.arange(states.shape[0], device=states.device), n.clamp_min(0)]
+    S_next = torch.where((n >= 0)[:, None, None, None], last, S.double())
+    return S_next, y, states
 
 
 class RingMachine:

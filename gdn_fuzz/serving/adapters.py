@@ -3,7 +3,8 @@
 An adapter owns a kernel's buffers (every layer's pool and rings, in the backend's dtypes, on
 its device) and its cursor store, and turns the engine's Batch into launches and a commit.
 Interface (gdn_fuzz.serving.engine): bind, write_checkpoint, assign, release, step -> StepOut,
-cursor, rebuild (float64 logical state, M3), watched / pad_rows_output (null-block check).
+cursor, rebuild (float64 logical state, M3), watched / pad_rows_output (null-block check);
+the fused-layout adapters also materialize / fork (the prefix cache: Engine.prefix_hit).
 
   DirectAdapter   what a test harness does: one launch per layer over the batch as it is,
                   cursors gathered per batch row from a block-keyed store, pad rows as slot -1
@@ -36,6 +37,10 @@ Planted adapter bugs:
                               one-token prompt chunk went through the kernel       trajectory
   request_keyed_cursors       cursors keyed by request id, reset on a new id only
                               (stale on readmission)                               trajectory
+Planted prefix-cache bugs (PREFIX_PLANTED; Engine.prefix_hit, an engine with a materializer):
+  prefix_from_ring_start      the prefix read from ring slot 0, not cache_base     trajectory (serving.prefix)
+  prefix_whole_window         the whole window materialized, not `count` entries   trajectory (serving.prefix)
+  fork_keeps_cursors          the fork's block takes the source's cursors          trajectory
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import torch
 
 from gdn_fuzz.arms import get_arm, unit_roundoff
 from gdn_fuzz.case import RING_SLOTS, W_RING, Case, Row, lazy_flush_min
-from gdn_fuzz.observation import observe
+from gdn_fuzz.observation import clone_inputs, observe
 from gdn_fuzz.compare import drift_unit, table_for
 from gdn_fuzz.oracles import commit as commits, gdn as gdn_oracle, ring as ring_oracle
 from gdn_fuzz.serving.engine import NULL_BLOCK, Batch, Sched, StepOut
@@ -140,6 +145,11 @@ class FusedAdapter(Adapter):
             raise ValueError("block 0 is the NULL block")
         self._pending_reset.add(block)
 
+    def fork(self, rid: int, src: int, block: int) -> None:
+        """A prefix hit: request rid starts in `block` from a state materialized out of block src's ring; like
+        any new request its next kernel step is the handoff (cursors (0, 0): the checkpoint is the prefix)."""
+        self.assign(rid, block)
+
     # ---------------------------------------------------------------- decisions (bug sites)
     def _needs_reset(self, row: Sched) -> bool:
         """The handoff: the first kernel step after assign(), whatever the row's kind."""
@@ -170,6 +180,27 @@ class FusedAdapter(Adapter):
                                                    idx, P, base, self.geo.HV)
         S, GP, _ = ring_oracle.replay(self.pool[layer][idx], k, u, G, valid, P)
         return S, GP
+
+    def materialize(self, target: Target, src: int, dst: int, base: int, count: int, hist: int) -> list[tuple]:
+        """The prefix cache's store on this backend's buffers (Engine.prefix_hit): per layer, `target`'s
+        gdn_prefix_materialize of one request (block src's checkpoint and `count` entries of its ring from
+        `base`) into block dst, in this backend's arm.  Returns per layer (the PrefixCase describing the call,
+        its inputs before, the same tensors after, what it returned, the exception or None)."""
+        from gdn_fuzz.prefix_case import PrefixCase, Request
+        from gdn_fuzz.properties.materialize import call
+
+        g = self.geo
+        case = PrefixCase(self.arm.name, g.H, g.HV, g.blocks, RING_SLOTS, (Request(src, dst, base, count, hist),), seed=0)
+        meta = {n: torch.tensor([x], dtype=torch.int32, device=self.device)
+                for n, x in (("src_slots", src), ("dst_slots", dst), ("cache_base", base), ("count", count))}
+        out = []
+        for l in range(g.layers):
+            inputs = dict(state=self.pool[l], k_cache=self.k_cache[l], u_cache=self.u_cache[l], g_cache=self.g_cache[l],
+                          active_request_indices=None, num_active=None, **{n: t.clone() for n, t in meta.items()})
+            before = clone_inputs(inputs)
+            returned, exc = call(target, case, inputs)
+            out.append((case, before, inputs, returned, exc))
+        return out
 
     def watched(self) -> dict:
         out = {}
@@ -540,6 +571,30 @@ class RequestKeyedCursors(PackedAdapter):
         return self._by_rid.get(rid, (0, 0))
 
 
+class PrefixFromRingStart(PackedAdapter):
+    """Planted prefix-cache bug: the prefix is read from ring slot 0, not from the request's cache_base."""
+
+    def materialize(self, target, src, dst, base, count, hist):
+        return super().materialize(target, src, dst, 0, count, hist)
+
+
+class PrefixWholeWindow(PackedAdapter):
+    """Planted prefix-cache bug: the whole live window is materialized (count = hist_len), whatever token
+    the prefix cache asked for: the state stored is the latest, not the prefix's."""
+
+    def materialize(self, target, src, dst, base, count, hist):
+        return super().materialize(target, src, dst, base, hist, hist)
+
+
+class ForkKeepsCursors(PackedAdapter):
+    """Planted prefix-cache bug: the fork's block takes the source's cursors (no handoff reset), so its
+    first step replays the source's window again on top of the materialized prefix."""
+
+    def fork(self, rid, src, block):
+        self.blk_hist[block] = self.blk_hist[src]
+        self.blk_base[block] = self.blk_base[src]
+
+
 # planted bug -> the check that must catch it
 PLANTED: dict[str, tuple[type[PackedAdapter], str]] = {
     "null_block_as_slot_zero": (NullBlockAsSlotZero, "null_block"),
@@ -549,6 +604,12 @@ PLANTED: dict[str, tuple[type[PackedAdapter], str]] = {
     "no_reset_on_recycle": (NoResetOnRecycle, "trajectory"),
     "reset_on_first_spec_decode": (ResetOnFirstSpecDecode, "trajectory"),
     "request_keyed_cursors": (RequestKeyedCursors, "trajectory"),
+}
+# planted bugs of the prefix-cache flow (Engine.prefix_hit; an engine with a materializer finds them)
+PREFIX_PLANTED: dict[str, tuple[type[PackedAdapter], str]] = {
+    "prefix_from_ring_start": (PrefixFromRingStart, "trajectory"),
+    "prefix_whole_window": (PrefixWholeWindow, "trajectory"),
+    "fork_keeps_cursors": (ForkKeepsCursors, "trajectory"),
 }
 
 

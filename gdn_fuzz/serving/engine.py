@@ -62,6 +62,7 @@ the same step.  The Hypothesis state machine over the engine is gdn_fuzz.serving
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -69,18 +70,20 @@ import torch
 
 from gdn_fuzz.case import LEGAL_T, RING_SLOTS, W_RING, Regime, decay_params, draw_tokens, lazy_flush_min
 from gdn_fuzz.checks import check_oracle, check_writes
-from gdn_fuzz.findings import Finding
+from gdn_fuzz.findings import Finding, raised
 from gdn_fuzz.observation import same_bits
 from gdn_fuzz.compare import (PAD_LANE_G_ULPS, PAD_LANE_RTOL, distance, drift_budget, drift_need, frobenius, ratio,
                               y_budget)
 from gdn_fuzz.oracles import commit as commits
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles.serving import StepInputs, sequential_decode
+from gdn_fuzz.properties.materialize import check_call
 
 K_DIM = V_DIM = 128
 NULL_BLOCK = 0
 CHECKS = ("launch", "writes", "cursors", "trajectory", "ragged", "null_block", "pad_lanes")
 FOREVER = 10**9  # a request's lifetime when it never retires by itself
+PREFIX_MAX_COUNT = W_RING  # gdn_prefix_materialize replays at most 16 entries (PMS1: a larger count is skipped)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,13 @@ class Request:
     lifetime: int = FOREVER  # launches before the request may retire
     chunk_pending: bool = False  # next step is a one-token final prompt chunk
     handed_off: bool = False  # had a kernel step since its last (re)admission
+    # engines with a materializer (the prefix cache) keep what a prefix hit needs:
+    prefix: list | None = None  # per token since the checkpoint (index = count), the truth per layer
+    transcript: list | None = None  # every accepted token's inputs since admission: per layer {q, k, v, a, b}
+    fold_at: int = 0  # transcript tokens at the checkpoint: prefix[c] is the truth after fold_at + c tokens
+    follows: list | None = None  # a fork: the transcript it decodes again (its source's), shared while that grows
+    pos: int = 0  # a fork: the next token of `follows` to decode
+    forked: bool = False  # its checkpoint was written by the materializer, not rounded from the truth
 
 
 @dataclass(frozen=True)
@@ -205,11 +215,13 @@ class Engine:
     (A_log, dt_bias) (default drawn from the regime), rounded to `io`; io / state: the dtypes
     the engine rounds drawn tokens and checkpoints to before they become the truth (default:
     the first backend's); y_tokens: "real" (every real token's output) or "accepted" (the
-    accepted ones only) for the ragged check and its metrics.
+    accepted ones only) for the ragged check and its metrics; materializer: a Target of kernel
+    "materialize" (FlashInfer 0.7.4's gdn_prefix_materialize, an edited copy, the torch reference): the
+    prefix cache's store, which `prefix_hit` calls on every backend's own buffers.
     """
 
     def __init__(self, geo: Geometry, backends, device: str = "cpu", seed: int = 0, *, checks=None,
-                 params=None, io=None, state=None, y_tokens: str = "real"):
+                 params=None, io=None, state=None, y_tokens: str = "real", materializer=None):
         if not isinstance(backends, dict):
             backends = list(backends) if isinstance(backends, (list, tuple)) else [backends]
             backends = {ad.name: ad for ad in backends}
@@ -228,6 +240,16 @@ class Engine:
         if y_tokens not in ("real", "accepted"):
             raise ValueError(f"y_tokens={y_tokens!r}; use real | accepted")
         self.y_tokens = y_tokens
+        if materializer is not None:
+            if materializer.kernel != "materialize":
+                raise ValueError(f"materializer={materializer.name!r} is a target of the {materializer.kernel} kernel; "
+                                 "use materialize, materialize-reference, mutant:pm_... or a file defining "
+                                 "gdn_prefix_materialize")
+            lacking = [n for n, ad in backends.items() if not hasattr(ad, "materialize")]
+            if lacking:
+                raise ValueError(f"backends {lacking} keep no ring a materializer can read (prefix hits need the "
+                                 "fused kernel's layout: the direct or packed adapter)")
+        self.materializer = materializer
         self.io = io if io is not None else first.io
         self.state_dtype = state if state is not None else first.state
         gen = torch.Generator().manual_seed(seed)
@@ -244,6 +266,8 @@ class Engine:
         self.used: set[int] = set()
         self.next_rid = 0
         self.steps = self.flushes = self.wraps = self.recycles = self.preempts = self.ragged_rows = self.chunks = 0
+        self.prefix_hits = self.followed = 0  # forks made; tokens forks decoded again from their source's transcript
+        self.worst_prefix = 0.0  # max over prefix hits of the fork checkpoint's error / drift budget
         self.worst_need = 0.0  # max trajectory need (the DRIFT_C a state needed), every backend
         self.worst_ratio = 0.0  # max trajectory error / budget
         self.log: list[str] = []
@@ -285,11 +309,14 @@ class Engine:
                  f"  T={g.T} H={g.H} HV={g.HV} layers={g.layers} blocks={g.blocks} B={g.B} flush_min={g.fmin} "
                  f"regime={g.regime}",
                  f"  steps={self.steps} flushes={self.flushes} wraps={self.wraps} recycles={self.recycles} "
-                 f"preempts={self.preempts} ragged rows={self.ragged_rows} chunks={self.chunks}"]
+                 f"preempts={self.preempts} ragged rows={self.ragged_rows} chunks={self.chunks}"
+                 + (f" prefix hits={self.prefix_hits} tokens followed={self.followed}" if self.materializer else "")]
         for r in self.requests.values():
             cur = {n: ad.cursor(r.rid, r.block) for n, ad in self.backends.items()} if r.handed_off else "reset pending"
+            fork = (f" fork: token {r.pos} of {len(r.follows)} of its source's transcript" if r.follows is not None
+                    else "")
             lines.append(f"  request {r.rid}: block={r.block} cursors={cur} age={r.age} since_fold={r.since_fold} "
-                         f"lifetime={r.lifetime} chunk_pending={r.chunk_pending}")
+                         f"lifetime={r.lifetime} chunk_pending={r.chunk_pending}{fork}")
         lines.append("  events: " + "; ".join(self.log[-12:]))
         return "\n".join(lines)
 
@@ -328,7 +355,10 @@ class Engine:
             self.recycles += 1
         rid = self.next_rid
         self.next_rid += 1
-        self.requests[rid] = Request(rid, block, [S.double() for S in states], lifetime=lifetime, chunk_pending=chunk)
+        self.requests[rid] = r = Request(rid, block, [S.double() for S in states], lifetime=lifetime,
+                                         chunk_pending=chunk)
+        if self.materializer is not None:
+            r.prefix, r.transcript = [list(r.truth)], []
         self.used.add(block)
         for ad in self.backends.values():
             ad.write_checkpoint(block, states)
@@ -350,8 +380,8 @@ class Engine:
         if new_block != r.block and (new_block in self.held or not self.first_block <= new_block < self.geo.blocks):
             raise ValueError(f"block {new_block} is not free")
         for ad in self.backends.values():
-            if r.handed_off:
-                cur = [ad.cursor(rid, r.block)]
+            if r.handed_off or r.forked:  # a fork's checkpoint is the materializer's, not the truth rounded
+                cur = [ad.cursor(rid, r.block) if r.handed_off else (0, 0)]
                 states = [ad.rebuild(l, [r.block], cur)[0][0] for l in range(self.geo.layers)]
             else:  # no step since (re)admission: the checkpoint is still the truth, exactly
                 states = r.truth
@@ -361,11 +391,109 @@ class Engine:
         if new_block != r.block and new_block in self.used:
             self.recycles += 1
         r.block, r.since_fold, r.handed_off = new_block, 0, False
+        if r.prefix is not None:
+            r.prefix, r.fold_at = [list(r.truth)], len(r.transcript)
         self.used.add(new_block)
         self.preempts += 1
         self.log.append(f"preempt r{rid}->b{new_block}")
 
+    def prefix_hit(self, rid: int, count: int, block: int, *, lifetime: int = FOREVER) -> tuple[int, list]:
+        """The prefix cache, the flow gdn_prefix_materialize exists for (kernel-contract-0.7.4.md, PM*).
+
+        Request `rid`'s state after `count` tokens of its window (its checkpoint plus the first `count`
+        ring entries from its cache_base) is materialized, on every backend's own buffers, by the engine's
+        materializer into the free `block`; a new request (the prefix-cache hit) starts there: its
+        checkpoint is what the materializer wrote, its cursors reset at its next step (the handoff), its
+        truth is the float64 sequential truth at that token, and it decodes rid's continuation after that
+        token again (its rows' first lanes are teacher-forced from rid's transcript, its acceptance capped
+        to it) until it has caught up, then drawn tokens.  The engine's checks follow it from there on.
+
+        Checked here, per backend and layer, always: the call against the float64 PMM3 oracle on the buffers
+        it read, and every byte outside the destination unchanged (gdn_fuzz.properties.materialize.check_call:
+        PMM3, PMS2, PMW1-PMW3); with the "trajectory" check: the written state against the truth at that
+        token within the drift budget of a state of the fork's age (the source's age + 1: a materialization
+        is one fold, one more rounding to STATE; compare.drift_budget).  Returns (the new request's id,
+        findings)."""
+        if self.materializer is None:
+            raise ValueError("this engine has no materializer: Engine(..., materializer=get_target("
+                             "'materialize-reference')) (or 'materialize', FlashInfer's, on CUDA)")
+        r = self.requests[rid]
+        if block in self.held or not self.first_block <= block < self.geo.blocks:
+            raise ValueError(f"block {block} is not free")
+        if not self.can_admit():
+            raise ValueError(f"batch bucket B={self.geo.B} or the pool ({self.geo.blocks} blocks) is full")
+        most = min(len(r.prefix) - 1, PREFIX_MAX_COUNT)
+        if not 0 <= count <= most:
+            raise ValueError(f"count={count}: request {rid} has {len(r.prefix) - 1} tokens since its checkpoint; "
+                             f"legal: 0..{most} (PMM4: count <= hist_len; PMS1: count > {PREFIX_MAX_COUNT} is skipped)")
+        truth, age = r.prefix[count], r.age + 1
+        findings = []
+        for name, ad in self.backends.items():
+            P, base = ad.cursor(rid, r.block) if r.handed_off else (0, 0)
+            for l, (case, before, after, returned, exc) in enumerate(
+                    ad.materialize(self.materializer, r.block, block, base, count, P)):
+                if exc is not None:
+                    findings.append(Finding("serving.materialize", "PMH1-PMH19", f"{name} layer {l}: the materializer "
+                                            f"raised on a legal call (src {r.block}, dst {block}, cache_base {base}, "
+                                            f"count {count}, hist_len {P}): {type(exc).__name__}: {exc}",
+                                            outcome=raised(exc)))
+                else:  # the call is observed whole whatever the adapter's checks: the hit's own check
+                    findings += [dataclasses.replace(f, message=f"{name} layer {l}: {f.message}")
+                                 for f in check_call(case, before, after, returned, None, prop="serving.materialize")]
+            if "trajectory" in self.checks:
+                findings += self._check_fork(name, ad, rid, count, block, truth, age)
+        fid = self.next_rid
+        self.next_rid += 1
+        f = self.requests[fid] = Request(fid, block, [S.clone() for S in truth], age=age, lifetime=lifetime,
+                                         forked=True, prefix=[list(truth)], transcript=[], follows=r.transcript,
+                                         pos=r.fold_at + count)
+        if block in self.used:
+            self.recycles += 1
+        self.used.add(block)
+        for ad in self.backends.values():
+            ad.fork(fid, r.block, block)
+        self.prefix_hits += 1
+        self.log.append(f"prefix r{rid}@{count}->r{fid} b{block}")
+        return f.rid, findings
+
+    def _check_fork(self, name, ad, rid, count, block, truth, age) -> list[Finding]:
+        """[PMM3, M3] the state written into `block` against the truth at the prefix's token (drift budget)."""
+        floor = ad.atol * math.sqrt(self.geo.K * self.geo.K)
+        out = []
+        for l in range(self.geo.layers):
+            S = ad.rebuild(l, [block], [(0, 0)])[0].to(self.device)  # an empty window: the checkpoint itself
+            want = truth[l][None]
+            err, den = distance(S, want, (-2, -1)), frobenius(want, (-2, -1))
+            rat = ratio(err, drift_budget(ad.u, age, den, floor))
+            self.worst_prefix = max(self.worst_prefix, float(rat.nan_to_num(float("inf")).max()))
+            out += _over_budget(
+                "serving.prefix", "PMM3", rat.nan_to_num(float("inf")), err, den,
+                lambda j: f"{name} layer {l}: request {rid}'s state after {count} tokens of its window, "
+                          f"materialized into block {block}, is",
+                f"(relative) from the sequential truth at that token; budget compare.drift_budget at the fork's "
+                f"age {age} (u={ad.u:.3g}, atol floor {ad.atol:.1e}/element)")
+        return out
+
     # ---------------------------------------------------------------- one model step
+    def _follow(self, rows, order, tokens) -> tuple[list, set]:
+        """Forks decode their source's transcript again: lanes 0..k-1 of a following fork's row get the next
+        k tokens of it (k = min(real tokens, tokens left)); lanes past them keep drawn drafts.  Returns the
+        tokens (copied when changed) and the ids of the rows that followed."""
+        where = {j: p for p, j in enumerate(order) if j >= 0}
+        out, followed = None, set()
+        for j, x in enumerate(rows):
+            r = self.requests[x.rid]
+            if r.follows is None or r.pos >= len(r.follows) or x.kind != "decode":
+                continue
+            k = min(x.n, len(r.follows) - r.pos)
+            if out is None:
+                out = [{n: t.clone() for n, t in layer.items()} for layer in tokens]
+            for l, layer in enumerate(out):
+                for n, t in layer.items():
+                    t[where[j], :k] = torch.stack([r.follows[r.pos + i][l][n] for i in range(k)]).to(t.device)
+            followed.add(x.rid)
+        return (tokens if out is None else out), followed
+
     def _order(self, order, R: int, gen) -> list[int]:
         B = self.geo.B
         base = list(range(R)) + [-1] * (B - R)
@@ -403,6 +531,8 @@ class Engine:
                 self.chunks += 1
             if not 1 <= a <= n <= T:
                 raise ValueError(f"request {rid}: n_real={n}, accepted={a}; need 1 <= accepted <= n_real <= T")
+            if r.follows is not None and r.pos < len(r.follows):  # a fork accepts no more than the known continuation
+                a = min(a, len(r.follows) - r.pos)
             rows.append(Sched(rid, r.block, n, a, kind))
         R = len(rows)
         if R > g.B or len({x.block for x in rows}) != R:
@@ -410,6 +540,9 @@ class Engine:
         gen = torch.Generator().manual_seed(seed)
         order = self._order(order, R, gen)
         tokens = self._draw_tokens(gen) if tokens is None else tokens
+        followed = set()
+        if self.materializer is not None:
+            tokens, followed = self._follow(rows, order, tokens)
         batch = Batch(rows, order, tokens, seed, self.steps)
         self.log.append(f"step {self.steps} " + ",".join(f"r{x.rid}:{x.n}/{x.accepted}" for x in rows))
         rec = StepRecord(self.steps, rows)
@@ -429,13 +562,19 @@ class Engine:
         ages = torch.tensor([self.requests[x.rid].age for x in rows], dtype=torch.float64, device=self.device)
         need_y = "ragged" in checks
         y_truth, y_mag = [], []
+        trails, befores = [], []  # engines with a materializer: the truth after every token, and before the step
         if R:
             pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
             acc = torch.tensor([x.accepted for x in rows], device=self.device)
             for l in range(g.layers):
                 tok = StepInputs(**{n: x[pos] for n, x in tokens[l].items()}, accepted=acc)
                 S = torch.stack([self.requests[x.rid].truth[l] for x in rows])
-                S_next, y = sequential_decode(S, tok, self.A_log[l], self.dt_bias[l], self.scale)
+                if self.materializer is not None:
+                    S_next, y, trail = sequential_decode(S, tok, self.A_log[l], self.dt_bias[l], self.scale, trail=True)
+                    trails.append(trail)
+                    befores.append(S)
+                else:
+                    S_next, y = sequential_decode(S, tok, self.A_log[l], self.dt_bias[l], self.scale)
                 if need_y:
                     g_, beta = gdn_oracle.gates(tok.a, self.dt_bias[l], self.A_log[l], tok.b)
                     q_hat, k_hat = gdn_oracle.normalized_qk(tok.q, tok.k, g.HV, self.scale)
@@ -474,6 +613,16 @@ class Engine:
                 P0, b0 = first.launch_cursors[i]
                 self.wraps += b0 + P0 + T > RING_SLOTS
             r.since_fold = (0 if flushed else r.since_fold) + x.accepted
+            if r.prefix is not None:  # what a prefix hit on this request needs (prefix_hit)
+                p, L = batch.positions[i], range(g.layers)
+                if flushed:
+                    r.prefix, r.fold_at = [[befores[l][i].clone() for l in L]], len(r.transcript)
+                r.prefix += [[trails[l][i, t].clone() for l in L] for t in range(x.accepted)]
+                r.transcript += [[{n: v[p, t].clone() for n, v in tokens[l].items()} for l in L]
+                                 for t in range(x.accepted)]
+                if x.rid in followed:
+                    r.pos += x.accepted
+                    self.followed += x.accepted
             r.age += 1
             r.handed_off, r.chunk_pending = True, False
             self.ragged_rows += x.n < T

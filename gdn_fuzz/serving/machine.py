@@ -27,7 +27,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from gdn_fuzz.case import BETAS, DECAYS, KEYS, LEGAL_T, RING_SLOTS, W_RING, Regime, lazy_flush_min
 from gdn_fuzz.serving.adapters import COMMITS, DirectAdapter, PackedAdapter
-from gdn_fuzz.serving.engine import FOREVER, Engine, Geometry
+from gdn_fuzz.serving.engine import FOREVER, PREFIX_MAX_COUNT, Engine, Geometry
 from gdn_fuzz.targets import Target
 
 HEADS = ((1, 2), (2, 4), (1, 1))  # (H, HV): G = 2, 2, 1
@@ -38,11 +38,13 @@ ADAPTERS = {"direct": DirectAdapter, "packed": PackedAdapter}
 
 
 def make_engine(target: Target, geo: Geometry, arm: str, device: str = "cpu", seed: int = 0, *,
-                adapter="direct", commit: str = "caller", checks=None) -> Engine:
-    """An engine with one backend: adapter "direct" | "packed" | an adapter class."""
+                adapter="direct", commit: str = "caller", checks=None, materializer: Target | None = None) -> Engine:
+    """An engine with one backend: adapter "direct" | "packed" | an adapter class; materializer: the prefix
+    cache's kernel (Engine.prefix_hit), or None."""
     cls = ADAPTERS[adapter] if isinstance(adapter, str) else adapter
     kw = {"commit": commit} if issubclass(cls, DirectAdapter) else {}
-    return Engine(geo, cls(target, geo, arm, device, seed, **kw), device, seed, checks=checks)
+    return Engine(geo, cls(target, geo, arm, device, seed, **kw), device, seed, checks=checks,
+                  materializer=materializer)
 
 
 def plan_rows(live: list, plan, T: int, ragged: bool = True) -> list[tuple]:
@@ -64,15 +66,16 @@ def plan_rows(live: list, plan, T: int, ragged: bool = True) -> list[tuple]:
 
 
 def run_script(target: Target, geo: Geometry, arm: str, events: list[tuple], device: str = "cpu", seed: int = 0, *,
-               adapter="packed", checks=None) -> Engine:
+               adapter="packed", checks=None, materializer: Target | None = None) -> Engine:
     """Drive an engine through a list of events; raise EngineFailure on the first finding.
 
     Events: ("admit", block | None | "recycled", seed, chunk) | ("retire", i) | ("preempt", i, block | None)
-            | ("step", seed, [(i, n_real, accepted), ...])
+            | ("step", seed, [(i, n_real, accepted), ...]) | ("prefix", i, count, block | None) (a prefix hit:
+            count is taken modulo the request's tokens since its checkpoint + 1; needs a materializer)
     where i indexes the live requests in admission order (mod their count), n_real / accepted are
     clamped into 1 <= accepted <= n_real <= T; None blocks pick the lowest free block, "recycled"
     the lowest free block an earlier request used.  Events that cannot apply are skipped."""
-    eng = make_engine(target, geo, arm, device, seed, adapter=adapter, checks=checks)
+    eng = make_engine(target, geo, arm, device, seed, adapter=adapter, checks=checks, materializer=materializer)
     for ev in events:
         live = eng.live
         if ev[0] == "admit":
@@ -92,16 +95,30 @@ def run_script(target: Target, geo: Geometry, arm: str, events: list[tuple], dev
         elif ev[0] == "step":
             _, s, plan = ev
             eng.fail(eng.step(plan_rows(live, plan, geo.T, eng.adapter.RAGGED), s).findings)
+        elif ev[0] == "prefix" and live and eng.can_admit():
+            _, i, count, blk = ev
+            eng.fail(_prefix_hit(eng, live[i % len(live)], count, blk)[1])
     return eng
 
 
+def _prefix_hit(eng: Engine, rid: int, count: int, block=None, lifetime: int = FOREVER):
+    """A prefix hit on request rid: count modulo the legal counts (0..tokens since its checkpoint, at most 16);
+    block: a free block (default: the lowest)."""
+    free = eng.free_blocks
+    most = min(len(eng.requests[rid].prefix) - 1, PREFIX_MAX_COUNT)
+    return eng.prefix_hit(rid, count % (most + 1), block if block in free else free[0], lifetime=lifetime)
+
+
 def machine_class(target: Target, arms, device: str = "cpu", *, adapter="direct", checks=None, commits_=COMMITS,
-                  Ts=LEGAL_T, heads=HEADS, layers=(1,), name: str = "ServingMachine"):
+                  Ts=LEGAL_T, heads=HEADS, layers=(1,), name: str = "ServingMachine",
+                  materializer: Target | None = None):
     """A RuleBasedStateMachine over one engine (module docstring).
 
     arms: the dtype arms to draw from; adapter: "direct" | "packed" | an adapter class; checks:
     the engine checks (default: the adapter's); commits_ (direct adapter only), Ts, heads,
-    layers: what the initialize rule may draw."""
+    layers: what the initialize rule may draw; materializer: a target of gdn_prefix_materialize, which
+    adds the prefix-hit rule (Engine.prefix_hit: a live request's state at a drawn token is materialized
+    into a free block and a new request decodes its continuation from there)."""
     arms, commits_, Ts, heads, layers = tuple(arms), tuple(commits_), tuple(Ts), tuple(heads), tuple(layers)
     cls = ADAPTERS[adapter] if isinstance(adapter, str) else adapter
     direct = issubclass(cls, DirectAdapter)
@@ -136,9 +153,11 @@ def machine_class(target: Target, arms, device: str = "cpu", *, adapter="direct"
             seed = data.draw(st.integers(0, 2**16 - 1), label="seed")
             blocks = pool if direct else pool + 1  # + the NULL block
             geo = Geometry(T, H, HV, L, blocks, B, fmin, regime)
-            self.e = make_engine(target, geo, arm, device, seed, adapter=cls, commit=commit, checks=checks)
+            self.e = make_engine(target, geo, arm, device, seed, adapter=cls, commit=commit, checks=checks,
+                                 materializer=materializer)
             self.commit = commit
-            n0 = data.draw(st.integers(1, min(B, pool)), label="initial requests")
+            # with a materializer, room for a prefix hit from the start (a hit admits a request)
+            n0 = data.draw(st.integers(1, max(1, min(B, pool) - (materializer is not None))), label="initial requests")
             for j in range(n0):
                 chunk = cls.RAGGED and data.draw(st.booleans(), label="chunk")
                 self.e.admit(self.e.free_blocks[0], seed + 1 + j, chunk=chunk)
@@ -168,6 +187,18 @@ def machine_class(target: Target, arms, device: str = "cpu", *, adapter="direct"
             rid = self.e.live[pick % len(self.e.live)]
             dest = [self.e.requests[rid].block] + self.e.free_blocks
             self.e.preempt(rid, dest[where % len(dest)])
+
+        @precondition(lambda self: materializer is not None and self.e is not None and self.e.requests
+                      and self.e.can_admit())
+        @rule(pick=st.integers(0, 7), count=st.integers(0, 16), recycled=st.booleans(), where=st.integers(0, 7),
+              lifetime=st.sampled_from(LIFETIMES))
+        def prefix_hit(self, pick, count, recycled, where, lifetime):
+            """The prefix cache: a live request's state after a drawn number of its window's tokens is
+            materialized into a free block, where a new request decodes the same continuation."""
+            self.rules_run += 1
+            blocks = (self.e.recycled_blocks if recycled else self.e.fresh_blocks) or self.e.free_blocks
+            rid = self.e.live[pick % len(self.e.live)]
+            self.e.fail(_prefix_hit(self.e, rid, count, blocks[where % len(blocks)], lifetime)[1])
 
         @precondition(lambda self: self.e is not None)
         @rule(seed=st.integers(0, 2**16 - 1), plan=plan_st, shuffled=st.booleans())
@@ -211,6 +242,9 @@ def machine_class(target: Target, arms, device: str = "cpu", *, adapter="direct"
                 event(f"{kind}: ring wrapped={e.wraps > 0}")
                 event(f"{kind}: recycled a block={e.recycles > 0}")
                 event(f"{kind}: preempted={e.preempts > 0}")
+                if materializer is not None:
+                    event(f"{kind}: prefix hit={e.prefix_hits > 0}")
+                    event(f"{kind}: a fork decoded its source's continuation={e.followed > 0}")
                 if cls.RAGGED:
                     event(f"{kind}: ragged rows={e.ragged_rows > 0}")
                     event(f"{kind}: one-token chunk={e.chunks > 0}")
