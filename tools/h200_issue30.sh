@@ -8,7 +8,8 @@
 #   bash tools/h200_issue30.sh suite72                   (next call, within 30 s: /tmp/gdn must still be there)
 #   bash tools/h200_issue30.sh diff campaign
 # Issue 31 (the prefix materializer): steps pmsuite (tests/test_materialize.py on CUDA), pmdecode (the PMM5
-# differential, gdn_fuzz.studies.prefix_decode), pmmutants (`gdn-fuzz mutants --base materialize`), pmcampaign.
+# differential, gdn_fuzz.studies.prefix_decode), pmmutants (`gdn-fuzz mutants --base materialize`), pmcampaign,
+# pmserve (tests/test_prefix_serving.py: the prefix cache in the serving harness).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -92,6 +93,12 @@ for step in "$@"; do
       need_bundle; mkdir -p "$R/corpus-pm"
       timeout "$(( ${PM_S:-90} + 150 ))" gdn-fuzz run --target materialize --warm-up --seconds "${PM_S:-90}" \
         --corpus "$R/corpus-pm" --json "$R/pmcampaign.json" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    pmserve)
+      # issue 31: the prefix cache in the serving harness (production + materialize on CUDA, every arm)
+      need_bundle
+      timeout "${PM_SERVE_S:-400}" python3 -m pytest tests/test_prefix_serving.py -n "${PM_N:-4}" -p no:cacheprovider -q \
+        -rfEsx --gdn-target production --gdn-device cuda --durations=10 > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
