@@ -141,3 +141,42 @@ def test_machine_finds_materializer_edit(name):
                       materializer=get_target(f"mutant:{name}"), name=f"PrefixEdit_{name}")
     with pytest.raises(EngineFailure, match=r"serving\.materialize"):
         run_state_machine_as_test(m, settings=FIND)
+
+
+# ------------------------------------------------------------------ inputs the materializer does not validate
+
+
+def _rows(rows, scenario):
+    return [r for r in rows if r["scenario"] == scenario]
+
+
+def test_unvalidated_slots_are_reported(prefix_serving_under_test):
+    """dst past the pool, duplicate dst, dst == src, dst == another request's src (PMR1-PMR3): undefined, so
+    reported, not judged (gdn_fuzz.studies.unguarded, each scenario in an isolated worker).  What the report must
+    hold: every scenario ran (a result or the worker's words), and the one defined case among them (two identical
+    requests compute identical bits, PMR2) holds the legal call's bits."""
+    from gdn_fuzz.studies.unguarded import PM_SCENARIOS, run_materializer
+
+    _, mat, arms, device = prefix_serving_under_test
+    rows = run_materializer(mat.name, arms[:1], device, rings=(32,))
+    assert [r["scenario"] for r in rows] == list(PM_SCENARIOS)
+    for r in rows:
+        assert "raised" in r or "worker" in r or "legal_call_raised" in r, r
+    (twin,) = _rows(rows, "duplicate dst (identical requests)")
+    assert twin.get("dst_is_the_legal_result") is True, twin
+
+
+def test_fuzzer_survives_a_materializer_that_crashes():
+    """A materializer that dies on a dst past the pool (SIGSEGV, tests/targets/segv_on_dst_past_pool.py): that
+    scenario's report is the worker's death, and every later scenario still runs, in a fresh worker."""
+    from pathlib import Path
+
+    from gdn_fuzz.studies.unguarded import PM_SCENARIOS, run_materializer
+
+    path = str(Path(__file__).parent / "targets" / "segv_on_dst_past_pool.py")
+    rows = run_materializer(path, ("bf16",), "cpu", rings=(32,))
+    (past,) = _rows(rows, "dst past the pool")
+    assert past.get("survived_by_the_fuzzer") and any("SIGSEGV" in w for w in past["worker"]), past
+    assert len(rows) == len(PM_SCENARIOS)
+    (twin,) = _rows(rows, "duplicate dst (identical requests)")
+    assert twin.get("dst_is_the_legal_result") is True, twin

@@ -336,3 +336,18 @@ def test_cuda_draws_replay_bit_identically_and_draw_the_tokens_on_the_device():
     b = _beta_logits(case.regime, gen, (case.B, case.T, case.HV))
     for name, x in dict(A_log=A_log, dt_bias=dt_bias, a=a, b=b).items():
         assert torch.equal(one[name].cpu(), x.to(one[name].dtype)), name
+
+
+def test_doctor_lists_the_materializer_targets():
+    """Issue 31: doctor names the materializer's targets, the arms each imports (its own module state per arm,
+    PMD3), where each launches, and what drives it."""
+    from gdn_fuzz.engine import doctor
+    from gdn_fuzz.targets import releases
+
+    out = "\n".join(doctor._materializer(releases.installed_version()))
+    assert "target materialize-reference:" in out and "launches on cpu: yes" in out
+    line = next(ln for ln in out.splitlines() if "target materialize-reference:" in ln)
+    assert "bf16, bf16-state16, bf16-ring16, bf16-state16-ring16, fp16" in line
+    assert "tests/test_prefix_serving.py" in out and "gdn-fuzz unguarded --target materialize" in out
+    if releases.installed_file("gdn_prefix_materialize.py"):
+        assert "its arm with this environment:" in out and "target materialize:" in out

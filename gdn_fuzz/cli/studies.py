@@ -14,7 +14,7 @@ from gdn_fuzz import properties as _P
 from gdn_fuzz.strategies import CPU_GEOMETRIES, GPU_GEOMETRIES
 from gdn_fuzz.studies.mutation_score import mutants_of, run_mutants, summary
 from gdn_fuzz.studies.precision import markdown, search
-from gdn_fuzz.studies.unguarded import run_all
+from gdn_fuzz.studies.unguarded import run_all, run_materializer
 from gdn_fuzz.targets.mutants import get_mutant
 
 
@@ -63,7 +63,10 @@ def cmd_unguarded(args) -> int:
     if got is None:
         return 2
     target, device, arms = got
-    rows = run_all(target, arms, tuple(args.T), device)
+    if target.kernel == "materialize":  # slot numbers it does not validate, each scenario in an isolated worker
+        rows = run_materializer(target.name, arms, device, rings=tuple(args.rings))
+    else:
+        rows = run_all(target, arms, tuple(args.T), device)
     t = Table(title=f"known unguarded inputs on {target} ({device}): measured consequences")
     for col in ("scenario", "clause", "arm", "T", "result"):
         t.add_column(col, overflow="fold")
@@ -171,8 +174,11 @@ def add_parser(sub) -> None:
     p.add_argument("--json")
     p.add_argument("--markdown", help="write the table as Markdown here")
     p.set_defaults(func=cmd_precision)
-    ug = sub.add_parser("unguarded", help="measure what unvalidated inputs do (hist_len > 16, duplicate slots, ...)")
+    ug = sub.add_parser("unguarded", help="measure what unvalidated inputs do (hist_len > 16, duplicate slots, ...; "
+                                          "with a materializer target: dst past the pool, duplicate dst, dst == src)")
     ug.add_argument("--target")
+    ug.add_argument("--rings", nargs="+", type=int, default=[16, 32], choices=[16, 32],
+                    help="materializer targets: the ring depths to run each scenario at")
     ug.add_argument("--arms", nargs="+")
     ug.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
     ug.add_argument("--device")

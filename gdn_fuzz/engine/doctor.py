@@ -104,9 +104,9 @@ MATERIALIZE = "flashinfer.gdn_kernels.gdn_prefix_materialize"
 
 
 def _materializer(installed: str | None) -> list[str]:
-    """0.7.4's prefix materializer: whether it is installed, the one arm it has in this process (that of
-    the package's copy of the flush module at its first import, PMD3), where it would launch; gdn_fuzz
-    does not drive it yet (issue 31)."""
+    """0.7.4's prefix materializer: whether it is installed, the one arm the package copy has with this environment
+    (that of the package's copy of the flush module at its first import, PMD3), where it launches, and the
+    targets that drive it with the arms each imports (one module state per arm: gdn_fuzz.targets.loading)."""
     p = releases.installed_file("gdn_prefix_materialize.py")
     out = [f"kernel {MATERIALIZE}.gdn_prefix_materialize (prefix cache, flashinfer-python 0.7.4): "
            + (f"installed ({p})" if p else "not installed")]
@@ -125,7 +125,30 @@ def _materializer(installed: str | None) -> list[str]:
             last = (r.stderr.strip().splitlines() or ["no output"])[-1]
             out.append(f"  fails to import with this environment: {last}")
         out.append("  launches on an SM90+ GPU (no arch gate, PMS9)")
-    out.append("  driven by gdn_fuzz: not yet (its target, oracle and properties are the next issue)")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for name in ("materialize", "materialize-reference"):
+        try:
+            t = get_target(name)
+        except (TargetUnavailable, ValueError) as e:
+            out.append(f"  target {name}: unavailable: {e}")
+            continue
+        ok, bad = [], []
+        for arm in ARMS:
+            try:
+                t.module(arm)
+                ok.append(arm)
+            except (TargetMismatch, TargetUnavailable, ImportError, ValueError, RuntimeError) as e:
+                bad.append(f"{arm} ({type(e).__name__}: {e})")
+        why = t.unavailable_reason(device)
+        out.append(f"  target {name}: {t.path}; arms that import (each its own module state): {', '.join(ok) or 'none'}"
+                   + "".join(f"; fails: {b}" for b in bad))
+        out.append(f"    launches on {device}: " + ("yes" if why is None else f"no: {why}"))
+    out.append("  driven by gdn_fuzz: `gdn-fuzz run --target materialize`, `pytest --gdn-target materialize` "
+               "(tests/test_materialize.py; on a CPU the host checks PMH1-PMH12 against the real module), the "
+               "serving flow (tests/test_prefix_serving.py), `gdn-fuzz unguarded --target materialize`, "
+               "`gdn-fuzz mutants --base materialize` (docs/materialize.md)")
     return out
 
 

@@ -63,6 +63,7 @@ OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allo
 NO_DEVICE = ("Torch not compiled with CUDA enabled", "no CUDA GPUs are available", "Found no NVIDIA driver",
              "CUDA driver version is insufficient", "invalid device ordinal")
 
+MEASURE = "measure:"  # a message naming a measurement (Worker.measure), not a property
 MAX_RSS_ENV = "GDN_FUZZ_WORKER_MAX_RSS_MB"
 DEFAULT_MAX_RSS_MB = 8192.0  # 8 GiB
 DEFAULT_MAX_CHECKS = 2000
@@ -234,7 +235,13 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         try:
             case = load_case(case_d)
             arms_seen.add(case.arm)
-            found = get_property(prop_name).check(target, case, device)
+            if prop_name.startswith(MEASURE):  # a measurement (Worker.measure): no findings, its numbers
+                from gdn_fuzz.studies.unguarded import measure
+
+                found = Findings()
+                found.metrics = measure(prop_name[len(MEASURE):])(target, case, device)
+            else:
+                found = get_property(prop_name).check(target, case, device)
             if str(device).startswith("cuda"):
                 import torch
 
@@ -571,6 +578,17 @@ class Worker:
         self._proc.join(timeout=5)
         words, outcome = self._exit_words(self._proc)
         return self._died(prop, words, outcome)
+
+    def measure(self, scenario: str, case: Case) -> Findings:
+        """Run a measurement of gdn_fuzz.studies.unguarded (an unvalidated input: undefined behaviour to report,
+        not to judge) on `case` in the worker.  Its numbers come back as .metrics of an empty Findings; when the
+        worker dies, hangs or the scenario raises, the Findings say so (crash / hang / launch) and .metrics is
+        None.  The worker is replaced after a crash, as for a check."""
+        got = self.check(MEASURE + scenario, case)
+        if not hasattr(got, "metrics"):
+            got = Findings(got)
+            got.metrics = None
+        return got
 
     def reproduces(self, prop: str, case: Case, signature: str, timeout_s: float | None = None) -> bool | None:
         """Does the finding `signature` come back when `case` runs in a FRESH worker process?

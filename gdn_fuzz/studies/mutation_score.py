@@ -121,19 +121,23 @@ def run_mutants(names=None, budget_s: float = 60.0, seed: int = 0, properties=No
                                buckets=tuple(buckets or buckets_for(target)), seed=seed, round_examples=round_examples, shrink=shrink,
                                isolate=isolate, corpus_dir=None)
 
-        # A kill is a finding that the unmodified base passes on the same case: a property that
-        # also fails on the base (a known bug of the released kernel, say) says nothing about the
-        # mutant.  Such findings are noted and the campaign goes on.
+        # A kill is a finding whose signature the unmodified base does not also give on the same case: a
+        # failure the base shares (a known bug of the released kernel, say: the materializer's -0 and NaN
+        # copies) says nothing about the mutant, but it must not mask one the base does not have (a copy that
+        # zeroes every value gives pm.copy beside the base's pm.copy.zero_sign).  Shared ones are noted and
+        # the campaign goes on.
         base_t = None if isolate else get_target(m.base)
         kills, base_fails = [], []
 
         def stop(f):
             if base_t is not None:
                 try:
-                    on_base = [str(x) for x in _P.get_property(f.prop).check(base_t, f.case, device)]
+                    got = _P.get_property(f.prop).check(base_t, f.case, device)
+                    on_base = [str(x) for x in got]
+                    shared = {x.signature() for x in f.findings} <= {x.signature() for x in got}
                 except Exception as e:  # noqa: BLE001  (the base cannot run it either: not a kill)
-                    on_base = [f"{type(e).__name__}: {e}"]
-                if on_base:
+                    on_base, shared = [f"{type(e).__name__}: {e}"], True
+                if shared:
                     base_fails.append(dict(prop=f.prop, findings=[str(x) for x in f.findings][:3],
                                            on_base=on_base[:3], case=f.case.to_dict()))
                     return

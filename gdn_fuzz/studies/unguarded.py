@@ -145,3 +145,239 @@ def run_all(target: Target, arms, Ts, device, H: int = 1, HV: int = 2) -> list[d
                     res = dict(harness_error=f"{type(e).__name__}: {e}")
                 rows.append(dict(scenario=name, arm=arm, T=T, clause=fn.__doc__.split(":")[0], **res))
     return rows
+
+
+# ------------------------------------------------------------------ the prefix materializer (issue 31)
+#
+# gdn_prefix_materialize validates shapes, dtypes and layout (PMH1-PMH19) but not the slot numbers: a dst past
+# the pool, two requests with one dst (PMR2), dst == src (PMR1), one request's dst another's src (PMR3).  Each
+# scenario takes a legal PrefixCase (two fold requests on their own sources and destinations), breaks one such
+# thing and reports what the target did: raised, wrote where, with which bits, deterministically or not.  The
+# reference point of every comparison is the target's OWN result for the legal call (bits), so a report says
+# "the same bits as the legal call" or counts 16-byte chunks (the kernel's store unit, PMW1: 8 elements).
+# They run in an isolated worker (gdn_fuzz.engine.isolation.Worker.measure): a dst far past the pool is an
+# illegal address on a GPU, which kills the worker's CUDA context; the report says so and the next scenario
+# gets a fresh worker.
+
+PM_GUARD_SLOTS = 2  # pool slots of guard memory after the pool: where a dst just past the pool writes
+PM_FAR = 1 << 30  # a dst far past any allocation
+CHUNK = 8  # elements of a 16-byte store (bf16 / fp16 states)
+
+
+def pm_base_case(arm: str, ring: int = 32, H: int = 1, HV: int = 2):
+    """Two fold requests: slot 0 -> 2 (count 5 of 7, window from 3) and slot 1 -> 3 (count 9 of 9, window from
+    ring - 4: it wraps); slots 4 and 5 untouched."""
+    from gdn_fuzz.prefix_case import PrefixCase, Request
+
+    return PrefixCase(arm=arm, H=H, HV=HV, pool=6, ring=ring,
+                      requests=(Request(0, 2, 3, 5, 7), Request(1, 3, ring - 4, 9, 9)), seed=23)
+
+
+def _pm_run(target: Target, case, inputs: dict):
+    """Call the materializer on `inputs` (in place); (exception text or None)."""
+    from gdn_fuzz.properties.materialize import call
+
+    _, exc = call(target, case, inputs)
+    return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _legal(target: Target, case, device):
+    """The target's own result of the legal call: (state after, exception text)."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    inputs = materialize_prefix(case, device)
+    err = _pm_run(target, case, inputs)
+    _sync(device)
+    return inputs["state"], err
+
+
+def _chunks(got: torch.Tensor, *cands: torch.Tensor) -> dict:
+    """Of the 16-byte chunks of `got` (one state slot [HV, V, K]): how many equal each candidate's bits, and how
+    many none of them (a chunk equal to several counts for the first)."""
+    g = got.contiguous().view(torch.int16).reshape(-1, CHUNK)
+    left = torch.ones(g.shape[0], dtype=torch.bool, device=g.device)
+    out = {}
+    for i, c in enumerate(cands):
+        eq = (g == c.contiguous().view(torch.int16).reshape(-1, CHUNK)).all(1) & left
+        out[f"chunks_from_{'AB'[i]}"] = int(eq.sum())
+        left &= ~eq
+    out["chunks_from_neither"] = int(left.sum())
+    return out
+
+
+def pm_scenario_dst_past_pool(target: Target, case, device) -> dict:
+    """PMH*: dst = pool (one past the last slot) is not checked.  The pool is the head of a larger buffer, so a
+    write past it lands in guard slots this study owns."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    want, err = _legal(target, case, device)
+    if err:
+        return dict(legal_call_raised=err)
+    inputs = materialize_prefix(case, device)
+    st = inputs["state"]
+    big = torch.zeros((st.shape[0] + PM_GUARD_SLOTS, *st.shape[1:]), dtype=st.dtype, device=st.device)
+    big[: st.shape[0]] = st
+    inputs["state"] = big[: st.shape[0]]  # contiguous, 16-byte aligned: every layout check passes
+    inputs["dst_slots"][0] = case.pool
+    before = big.clone()
+    err = _pm_run(target, case, inputs)
+    _sync(device)
+    if err:
+        return dict(raised=err)
+    guard = big[case.pool:]
+    changed = [i for i in range(PM_GUARD_SLOTS) if not bool(same_bits(guard[i], before[case.pool + i]).all())]
+    d0 = case.requests[0].dst
+    pool_changed = sorted(int(s) for s in range(case.pool) if s not in (case.requests[1].dst,)
+                          and not bool(same_bits(big[s], before[s]).all()))
+    return dict(raised=None, guard_slots_written=changed,
+                guard_slot_0_is_the_legal_result=bool(same_bits(guard[0], want[d0]).all()),
+                other_pool_slots_changed=pool_changed,
+                note="no error: the state was written into the memory right after the pool")
+
+
+def pm_scenario_dst_far_past_pool(target: Target, case, device) -> dict:
+    """PMH*: dst = 2^30, far past every allocation: on a GPU an illegal address (the worker reports it)."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    inputs = materialize_prefix(case, device)
+    inputs["dst_slots"][0] = PM_FAR
+    err = _pm_run(target, case, inputs)
+    _sync(device)  # a fault surfaces here, in the worker, which then dies with it
+    return dict(raised=err) if err else dict(raised=None, note="no error and no fault reported")
+
+
+def pm_scenario_duplicate_dst(target: Target, case, device, repeats: int = 5) -> dict:
+    """PMR2: two live requests with one dst store 16-byte chunks in no set order.  Request 1 is sent to request
+    0's dst; the result's chunks are compared with each request's legal result (A: request 0's, B: request 1's),
+    over `repeats` launches."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    want, err = _legal(target, case, device)
+    if err:
+        return dict(legal_call_raised=err)
+    d0, d1 = case.requests[0].dst, case.requests[1].dst
+    runs, first = [], None
+    for _ in range(repeats):
+        inputs = materialize_prefix(case, device)
+        inputs["dst_slots"][1] = d0
+        err = _pm_run(target, case, inputs)
+        _sync(device)
+        if err:
+            return dict(raised=err)
+        got = inputs["state"][d0]
+        runs.append(_chunks(got, want[d0], want[d1]))
+        first = got.clone() if first is None else first
+    same = all(r == runs[0] for r in runs)
+    return dict(raised=None, chunks=runs[0] if same else runs, same_chunks_every_run=same, repeats=repeats,
+                chunks_per_slot=want[d0].numel() // CHUNK)
+
+
+def pm_scenario_duplicate_identical(target: Target, case, device) -> dict:
+    """PMR2: two identical requests (same src, window, count and dst) compute identical bits: the one case of a
+    shared dst the contract defines.  Reports whether dst holds the legal result's bits."""
+    import dataclasses as dc
+
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    twin = dc.replace(case, requests=(case.requests[0], case.requests[0], case.requests[1]))
+    want, err = _legal(target, case, device)
+    if err:
+        return dict(legal_call_raised=err)
+    inputs = materialize_prefix(twin, device)
+    err = _pm_run(target, twin, inputs)
+    _sync(device)
+    if err:
+        return dict(raised=err)
+    d0 = case.requests[0].dst
+    return dict(raised=None, dst_is_the_legal_result=bool(same_bits(inputs["state"][d0], want[d0]).all()))
+
+
+def pm_scenario_dst_is_src(target: Target, case, device) -> dict:
+    """PMR1: dst == src within one request (in place).  Each K half is loaded before its own store (src), so the
+    result should be the out-of-place one; not promised (the docstring says "a separate pool slot")."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    want, err = _legal(target, case, device)
+    if err:
+        return dict(legal_call_raised=err)
+    inputs = materialize_prefix(case, device)
+    s0, d0 = case.requests[0].src, case.requests[0].dst
+    inputs["dst_slots"][0] = s0
+    err = _pm_run(target, case, inputs)
+    _sync(device)
+    if err:
+        return dict(raised=err)
+    got = inputs["state"][s0]
+    return dict(raised=None, in_place_is_the_out_of_place_result=bool(same_bits(got, want[d0]).all()),
+                **_chunks(got, want[d0]))
+
+
+def pm_scenario_dst_is_other_src(target: Target, case, device, repeats: int = 5) -> dict:
+    """PMR3: request 0 writes request 1's source while request 1 reads it: a read/write race.  Reports request 1's
+    result against its legal one (read before the write) over `repeats` launches."""
+    from gdn_fuzz.prefix_case import materialize_prefix
+
+    want, err = _legal(target, case, device)
+    if err:
+        return dict(legal_call_raised=err)
+    s1, d1 = case.requests[1].src, case.requests[1].dst
+    legal1, races = 0, []
+    for _ in range(repeats):
+        inputs = materialize_prefix(case, device)
+        inputs["dst_slots"][0] = s1
+        err = _pm_run(target, case, inputs)
+        _sync(device)
+        if err:
+            return dict(raised=err)
+        ok = bool(same_bits(inputs["state"][d1], want[d1]).all())
+        legal1 += ok
+        if not ok:
+            races.append(_chunks(inputs["state"][d1], want[d1]))
+    return dict(raised=None, runs_with_request_1_legal=legal1, repeats=repeats, other_runs=races[:2])
+
+
+PM_SCENARIOS = {
+    "dst past the pool": pm_scenario_dst_past_pool,
+    "dst far past the pool": pm_scenario_dst_far_past_pool,
+    "duplicate dst (different requests)": pm_scenario_duplicate_dst,
+    "duplicate dst (identical requests)": pm_scenario_duplicate_identical,
+    "dst == src": pm_scenario_dst_is_src,
+    "dst == another request's src": pm_scenario_dst_is_other_src,
+}
+PM_CLAUSES = {"dst past the pool": "PMH*", "dst far past the pool": "PMH*", "duplicate dst (different requests)": "PMR2",
+              "duplicate dst (identical requests)": "PMR2", "dst == src": "PMR1",
+              "dst == another request's src": "PMR3"}
+
+
+def measure(name: str):
+    """The scenario function a worker runs for Worker.measure(name, case)."""
+    if name not in PM_SCENARIOS:
+        raise ValueError(f"scenario {name!r} is not one of {sorted(PM_SCENARIOS)}")
+    return PM_SCENARIOS[name]
+
+
+def run_materializer(target_name: str, arms, device, rings=(32,), timeout_s: float = 300.0) -> list[dict]:
+    """Every PM scenario per arm and ring depth, each in an isolated worker (a crash or a fatal CUDA error ends
+    that worker and is the scenario's result; the next one gets a fresh worker)."""
+    from gdn_fuzz.engine.isolation import Worker
+
+    rows = []
+    with Worker(target_name, device, timeout_s=timeout_s) as w:
+        for arm in arms:
+            for R in rings:
+                case = pm_base_case(arm, R)
+                for name in PM_SCENARIOS:
+                    got = w.measure(name, case)
+                    row = dict(scenario=name, arm=arm, T=f"R={R}", clause=PM_CLAUSES[name])
+                    if got.metrics is not None:
+                        row.update(got.metrics)
+                    else:  # the worker died, hung or the scenario raised: its own words
+                        row.update(worker=[f"{f.prop}: {f.outcome}: {f.message}" for f in got],
+                                   survived_by_the_fuzzer=True)
+                    rows.append(row)
+    return rows
