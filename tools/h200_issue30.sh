@@ -100,6 +100,12 @@ for step in "$@"; do
       timeout "${PM_SERVE_S:-400}" python3 -m pytest tests/test_prefix_serving.py -n "${PM_N:-4}" -p no:cacheprovider -q \
         -rfEsx --gdn-target production --gdn-device cuda --durations=10 > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
+    pmunguarded)
+      # issue 31: slot numbers the materializer does not validate, each scenario in an isolated worker
+      need_bundle
+      timeout 300 gdn-fuzz unguarded --target materialize --device cuda --json "$R/pmunguarded.json" \
+        > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
     pack)
       # the device returns a few files per call: everything under $R in one archive
       tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$R" && ls -l "$OUT" ;;
