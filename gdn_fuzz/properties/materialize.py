@@ -14,7 +14,8 @@
   pm_graph      PMR6 / PMS5 on CUDA: the active list and num_active built on the device (no host sync), the call
                 captured in a CUDA graph and replayed, bit-equal to eager, and replayed again on new inputs
   pm_guards     PMH1-PMH19: a few changes of a valid call drawn from the case's seed, judged by the release model
-                (gdn_fuzz.properties.hostchecks), as the flush kernel's guards property is
+                (gdn_fuzz.properties.hostchecks), as the flush kernel's guards property is; and an eighth of the
+                rejected changes alone (sweep_changes: which eighth from the seed)
 
 The decode/materialize differential (PMM5) is a measurement (gdn_fuzz.studies.prefix_decode), not a property:
 its bit-identity is read from the source, not promised.
@@ -277,26 +278,48 @@ def guard_changes(target: Target, case: PrefixCase) -> list[hc.Change]:
     return picked
 
 
+GUARD_SWEEP = 8  # each pm_guards example also probes every 8th rejected change alone (which 8th: from the seed)
+
+
+def sweep_changes(target: Target, case: PrefixCase, device: str = "cpu") -> list[hc.Change]:
+    """The changes a pm_guards example probes one at a time besides its drawn combination: those of index
+    seed % GUARD_SWEEP (mod GUARD_SWEEP) among the arm's changes that the release model says a host check
+    rejects on `device` (an illegal change alone, where no earlier check can mask a missing one).  Legal changes
+    are left to the drawn combinations (they launch, and some compile a new kernel: another ring depth, a strided
+    pool), and so are the ones the release does not validate on this device."""
+    rel, mod = target.release.release, target.module(case.arm)
+    pool = hc.changes_for(rel.entry("materialize"), case.arm)
+    return [c for i, c in enumerate(pool) if i % GUARD_SWEEP == case.seed % GUARD_SWEEP and not c.legal
+            and not hc.unvalidated_on_device(mod, rel, "materialize", case.arm, c, device)]
+
+
 def check_guards(target: Target, case: PrefixCase, device: str = "cpu") -> Findings:
+    """The drawn combination of changes (guard_changes), then the sweep's single changes (sweep_changes): each
+    probe's outcome against the release model's (the check it must raise at, or a normal return)."""
     rel = target.release.release
     mod = target.module(case.arm)
     fn = getattr(mod, target.entry)
     changes = guard_changes(target, case)
+    out = Findings()
     if str(device).startswith("cuda") and any(hc.unvalidated_on_device(mod, rel, "materialize", case.arm, c, device)
                                              for c in changes):
         not_exercised("pm_guards", "a change the release does not validate would launch the kernel on it")
-        return Findings()
-    p = hc.probe(fn, mod, rel, "materialize", case.arm, changes, device)
-    rec = launch_record(case, note="pm_guards: changes " + ", ".join(c.id for c in changes))
-    out = Findings()
-    if p.problem:
-        chk = p.expected.check
-        out.append(Finding(f"pm.guard.{chk.id if chk else 'pass'}", chk.clause if chk else "PMH*",
-                           f"changes {', '.join(p.changes)}: {p.problem}",
-                           outcome=f"raised {p.observed.exc}" if p.observed.exc else "returned normally", launch=rec))
-    if p.inputs_changed:
-        out.append(Finding("pm.guard.inputs", "PMW2", f"changes {', '.join(p.changes)}: a rejected call changed "
-                           f"{', '.join(p.inputs_changed)}", outcome=BITS_DIFFER, launch=rec))
+        probes = []
+    else:
+        probes = [changes]
+    probes += [[c] for c in sweep_changes(target, case, device) if [c] != changes]
+    for chs in probes:
+        p = hc.probe(fn, mod, rel, "materialize", case.arm, chs, device)
+        rec = launch_record(case, note="pm_guards: changes " + ", ".join(c.id for c in chs))
+        if p.problem:
+            chk = p.expected.check
+            out.append(Finding(f"pm.guard.{chk.id if chk else 'pass'}", chk.clause if chk else "PMH*",
+                               f"changes {', '.join(p.changes)}: {p.problem}",
+                               outcome=f"raised {p.observed.exc}" if p.observed.exc else "returned normally",
+                               launch=rec))
+        if p.inputs_changed:
+            out.append(Finding("pm.guard.inputs", "PMW2", f"changes {', '.join(p.changes)}: a rejected call changed "
+                               f"{', '.join(p.inputs_changed)}", outcome=BITS_DIFFER, launch=rec))
     return out
 
 
@@ -332,4 +355,4 @@ PROPERTIES = (
 
 
 __all__ = ["PROPERTIES", "check_launch", "check_call", "check_relations", "check_graph", "check_guards", "call",
-           "device_active", "guard_changes"]
+           "device_active", "guard_changes", "sweep_changes"]

@@ -377,7 +377,7 @@ def run_materializer(target_name: str, arms, device, rings=(32,), timeout_s: flo
                     if got.metrics is not None:
                         row.update(got.metrics)
                     else:  # the worker died, hung or the scenario raised: its own words
-                        row.update(worker=[f"{f.prop}: {f.outcome}: {f.message}" for f in got],
+                        row.update(worker=[f"{f.outcome}: {f.message}" for f in got],
                                    survived_by_the_fuzzer=True)
                     rows.append(row)
     return rows
