@@ -81,7 +81,7 @@ for step in "$@"; do
       echo "$step rc=$?" ;;
     pmdecode)
       need_bundle
-      timeout 300 python3 -m gdn_fuzz.studies.prefix_decode --examples "${PM_DECODE_N:-30}" --device cuda \
+      timeout 300 python3 -m gdn_fuzz.studies.prefix_decode --examples "${PM_DECODE_N:-8}" --device cuda \
         --json "$R/pmdecode.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     pmmutants)

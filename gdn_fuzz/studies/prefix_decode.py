@@ -63,15 +63,17 @@ def one(flush_t, pm_t, case, device) -> list[dict]:
 
 def run(examples: int = 40, device: str = "cuda", arms=ARM_NAMES, flush: str = "production",
         materializer: str = "materialize") -> dict:
+    """`examples` drawn launches with a flush row per arm (one Hypothesis run per arm, so that every arm is measured:
+    one run over all arms left bf16-ring16 without a flush row in run 44)."""
     flush_t, pm_t = get_target(flush), get_target(materializer)
     rows: list[dict] = []
+    for arm in arms:
+        @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(cases(arms=(arm,), Ts=(4, 8), geometries=((1, 2), (2, 8)), buckets=(4,), need="flush"))
+        def body(case):
+            rows.extend(one(flush_t, pm_t, case, device))
 
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(cases(arms=arms, Ts=(4, 8), geometries=((1, 2), (2, 8)), buckets=(4,), need="flush"))
-    def body(case):
-        rows.extend(one(flush_t, pm_t, case, device))
-
-    body()
+        body()
     by = Counter((r["arm"], r["identical"]) for r in rows)
     return dict(rows=rows, per_arm={a: dict(identical=by[(a, True)], different=by[(a, False)]) for a in arms},
                 max_flush_ratio=max((r["flush_ratio"] for r in rows), default=None),
@@ -80,7 +82,7 @@ def run(examples: int = 40, device: str = "cuda", arms=ARM_NAMES, flush: str = "
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--examples", type=int, default=40)
+    ap.add_argument("--examples", type=int, default=40, help="drawn launches per arm")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--flush", default="production")
     ap.add_argument("--materializer", default="materialize")
