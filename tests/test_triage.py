@@ -336,3 +336,61 @@ def test_every_property_is_reached_in_the_first_tenth_of_an_example_budget():
     assert max(p["first_example"] for p in pp.values()) < n, pp
     assert sum(p["examples"] for p in pp.values()) == camp.stats.examples == 10 * n
     assert min(p["examples"] for p in pp.values()) >= 10 - 4, pp
+
+
+# ------------------------------------------------------------------ shrinking past the budget (issue 32)
+
+
+def _grace_campaign(seed: int, grace: float):
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies.prefix import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    # an edit of the reference materializer that fails almost every call: the budget of one example ends at the
+    # first failure, so every step of its shrink happens past the budget
+    return Campaign(target=get_target("mutant:pm_ref_num_active_short"), device="cpu",
+                    properties=[get_property("pm_launch")], arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES,
+                    buckets=(4,), seed=seed, shrink_grace_s=grace)
+
+
+def test_shrink_grace_finishes_a_shrink_the_budget_cut():
+    """A one-example budget ends at the first failing example: without grace the finding is the unshrunk case
+    (shrunk=False, as before); with a grace of 60 s the same run shrinks it to the end (shrunk=True), the seconds
+    past the budget are counted (stats.grace_s), and no new round starts (the shrink's examples only)."""
+    cut = _grace_campaign(0, 0.0).run(examples=1)
+    (f0,) = cut.findings.values()
+    assert not f0.shrunk and cut.stats.examples == 1 and cut.stats.grace_s == 0.0
+    full = _grace_campaign(0, 60.0).run(examples=1)
+    f1 = full.findings[f0.signature]
+    assert f1.shrunk and full.stats.examples > 1 and 0.0 < full.stats.grace_s < 60.0
+    assert full.stats.rounds == 1
+
+
+def test_shrink_grace_is_bounded():
+    """A shrink that needs seconds (seed 2: 81 examples and three signatures in 1.8 s on the 2-core machine) is cut
+    at the grace: the time past the budget stays within the grace plus one check (1 s of slack), and what was
+    still being shrunk is stored as its best case so far (shrunk=False)."""
+    c = _grace_campaign(2, 0.05).run(examples=1)
+    assert 0.0 < c.stats.grace_s <= 0.05 + 1.0
+    assert c.findings and not all(f.shrunk for f in c.findings.values())
+
+
+def test_shrink_grace_rejects_a_negative_value():
+    with pytest.raises(ValueError, match=r"shrink_grace_s=-1.0: give a number of seconds >= 0"):
+        _grace_campaign(0, -1.0)
+
+
+def test_run_reports_the_grace_it_used(tmp_path):
+    """`gdn-fuzz run --shrink-grace` reaches the campaign and the summary says how long shrinking ran past the
+    budget; --shrink-grace -1 is a usage error naming the option."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", "mutant:pm_ref_num_active_short", "--property",
+            "pm_launch", "--arms", "bf16", "--examples", "1", "--no-corpus", "--no-isolate", "--processes", "1"]
+    r = subprocess.run(base + ["--shrink-grace", "60"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "shrinking ran" in r.stdout and "past the budget (--shrink-grace 60s)" in r.stdout, r.stdout
+    bad = subprocess.run(base + ["--shrink-grace", "-1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert bad.returncode == 2 and "--shrink-grace=-1.0: give a number of seconds >= 0" in bad.stdout, bad.stdout

@@ -11,6 +11,7 @@ from rich.table import Table
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S
 from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, plan
 from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
@@ -51,6 +52,8 @@ def validate_run_args(args) -> None:
                          "(HOST:PORT or ray://HOST:10001)")
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
+    if not 0 <= getattr(args, "shrink_grace", 0.0) < float("inf"):
+        raise UsageError(f"--shrink-grace={args.shrink_grace}: give a number of seconds >= 0 (0: no grace)")
     for b in args.buckets or ():
         if b < 1 or b & (b - 1) or b > 1024:
             raise UsageError(f"--buckets {b}: batch buckets are powers of two in [1, 1024] (e.g. 4 8)")
@@ -181,6 +184,9 @@ def cmd_run(args) -> int:
               str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
               f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
     console.print(t)
+    if s.grace_s > 0:
+        console.print(f"shrinking ran {s.grace_s:.1f}s past the budget (--shrink-grace {camp.shrink_grace_s:g}s)",
+                      markup=False)
     pt = Table(title="examples per property (rounds interleave the properties; sizes double from 1 to "
                      f"{args.round_examples})")
     for col in ("property", "examples", "first example at", "seconds"):
@@ -244,6 +250,10 @@ def add_parser(sub) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--property", action="append", help="property to run (repeatable; default: all)")
     r.add_argument("--round-examples", type=int, default=25, help="examples per Hypothesis round")
+    r.add_argument("--shrink-grace", type=float, default=DEFAULT_SHRINK_GRACE_S, metavar="S",
+                   help="when the budget ends while a new finding is being shrunk, shrink it for up to S seconds more "
+                        f"(no new round starts; default {DEFAULT_SHRINK_GRACE_S:g}; 0: stop with the budget and "
+                        "keep the best case so far)"),
     r.add_argument("--json", help="write a JSON record of the campaign here")
     r.add_argument("--corpus", help="corpus folder for findings (default: $GDN_FUZZ_CORPUS or ./corpus)")
     r.add_argument("--no-corpus", action="store_true", help="do not write findings to a corpus")

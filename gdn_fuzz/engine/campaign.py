@@ -84,6 +84,13 @@ def value_seed(seed: int, i: int) -> int:
     return (z ^ (z >> 31)) >> 32
 
 
+# `gdn-fuzz run --shrink-grace`'s default: seconds a round may go on shrinking a new failure past the budget.  The
+# shrinks measured on the H200 take 0.6-1.4 s from the first failing example to the shrunk case (run 48, the
+# materializer's mutants) and up to tens of seconds for the flush kernel's 60 s campaigns (issue 32: most findings
+# were left unshrunk); 10 s bounds a CI job's overrun and covers the first.
+DEFAULT_SHRINK_GRACE_S = 10.0
+
+
 class BudgetSpent(BaseException):
     """Raised from the test body once the budget is spent.  Not an Exception, so Hypothesis does
     not take it for a failure: it ends the run at once (like an interrupt raised from the test
@@ -180,6 +187,7 @@ class CampaignStats:
     compiles: int = 0
     warmup_s: float = 0.0  # warm_up(): outside `elapsed`
     warmup_compiles: int = 0
+    grace_s: float = 0.0  # seconds shrinking ran past the budget (Campaign.shrink_grace_s)
     started: float = field(default_factory=time.monotonic)
     events: dict = field(default_factory=dict)
     per_property: dict = field(default_factory=dict)  # name -> {"examples", "seconds", "first_s", "first_example"}
@@ -224,6 +232,8 @@ class Campaign:
     torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
     seeds_per_example: int = 1  # K: value seeds checked per drawn structure (value_seed; 1: the drawn seed only)
     pool_scales: tuple = ()  # pool-scale kinds for properties that take them (strategies.pool_scales_for)
+    shrink_grace_s: float = 0.0  # when the budget ends while a new failure of the round is being shrunk, shrinking
+    # goes on for up to this many seconds more (no new round starts); 0: it stops with the budget (best case so far)
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -236,6 +246,9 @@ class Campaign:
         k = self.seeds_per_example
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
+        g = self.shrink_grace_s
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
+            raise ValueError(f"shrink_grace_s={g!r}: give a number of seconds >= 0")
         other = [p.name for p in self.properties if p.kernel != self.target.kernel]
         if other:
             raise ValueError(f"properties {', '.join(other)} check another kernel than target {self.target.name}'s "
@@ -247,6 +260,7 @@ class Campaign:
         else:
             self._records = open(self.record_path, "a")
         self._deadline = None  # (seconds, examples) of the running budget
+        self._spent_at = None  # campaign seconds when the budget was found spent while shrinking (the grace's start)
         self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
         self._round_new: list = []  # signatures first seen in the running round
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
@@ -319,6 +333,21 @@ class Campaign:
         except PermissionError as e:  # a read-only corpus (CI): the finding is still reported
             f.entry_note = str(e).splitlines()[0]
 
+    def _in_grace(self) -> bool:
+        """The budget is spent: may this round's shrinking go on?  Yes while a failure first seen in this round is
+        being shrunk and less than shrink_grace_s has passed since the budget was found spent."""
+        if not (self.shrink and self.shrink_grace_s > 0 and self._round_new) or self._stop_requested:
+            return False
+        if self._spent_at is None:
+            self._spent_at = self.stats.elapsed
+        return self.stats.elapsed - self._spent_at < self.shrink_grace_s
+
+    def _end_grace(self) -> None:
+        """The round ended: count the seconds it shrank past the budget."""
+        if self._spent_at is not None:
+            self.stats.grace_s += self.stats.elapsed - self._spent_at
+            self._spent_at = None
+
     def budget_spent(self) -> bool:
         if self._deadline is None:
             return False
@@ -371,7 +400,7 @@ class Campaign:
             for i in range(k):  # value seeds of this structure: case.seed, then value_seed(case.seed, i)
                 if self._stop_requested:
                     raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
-                if self.budget_spent():
+                if self.budget_spent() and not self._in_grace():
                     raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
                 if i == 0:
                     self.stats.structures += 1
@@ -381,9 +410,11 @@ class Campaign:
                     raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
 
         self._round_new = []
+        self._spent_at = None
         try:
             body()
         except BudgetSpent:
+            self._end_grace()
             return self._cut_short(prop, {})
         except Exception as e:  # noqa: BLE001 - our failures, possibly grouped by Hypothesis
             fails = _failures(e)
@@ -395,7 +426,9 @@ class Campaign:
                 t, n, _ = self._first.get(x.signature, (round_started, None, prop.name))
                 out.append(CampaignFinding(prop.name, x.case, x.findings, signature=x.signature, first_t=t,
                                            first_examples=n, shrink_s=self.stats.elapsed - t,
-                                           shrunk=self.shrink and not self.budget_spent(), flaky=flaky))
+                                           shrunk=self.shrink and (self._spent_at is not None or not self.budget_spent()),
+                                           flaky=flaky))
+            self._end_grace()
             return out
         except BaseExceptionGroup as e:
             # The budget or a stop request came while Hypothesis replayed its shrunk failures one
@@ -407,6 +440,7 @@ class Campaign:
                 raise KeyboardInterrupt from e
             if not all(isinstance(x, (PropertyFailed, BudgetSpent)) for x in leaves):
                 raise
+            self._end_grace()
             return self._cut_short(prop, {x.signature: x for x in leaves if isinstance(x, PropertyFailed)})
         return []
 

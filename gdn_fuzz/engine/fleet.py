@@ -93,6 +93,7 @@ def plan(args, *, target_name: str, device: str, labels: list[str], gpus: list |
                        isolate=not g(args, "no_isolate", False), launch_timeout=g(args, "launch_timeout", None),
                        torch_threads=torch_threads or g(args, "torch_threads", None), draws=g(args, "draws", "auto"),
                        seeds_per_example=int(g(args, "seeds_per_example", 1)), warm_up=g(args, "warm_up", False),
+                       shrink_grace=float(g(args, "shrink_grace", 0.0)),
                        fail_on_known=g(args, "fail_on_known", False), known=dict(known or {}),
                        record=bool(g(args, "record", None)), slot=k, gpu=None if gpus is None else gpus[k])
             for k, (label, (a, p)) in enumerate(zip(labels, shares))]
@@ -474,6 +475,10 @@ class Fleet:
         t.add_row("total", "", "", str(tot["examples"]), str(tot["launches"]), str(tot["compiles"]),
                   str(tot["findings"]), f"{tot['wall_seconds']:.1f}s (wall)", f"{tot['examples_per_s']:.1f}", "")
         self.console.print(t)
+        grace = {w["worker"]: w.get("grace_used_s") or 0.0 for w in ws}
+        if any(grace.values()):
+            self.console.print("shrinking ran past the budget (--shrink-grace): " + ", ".join(
+                f"{k} {v:.1f}s" for k, v in grace.items() if v), markup=False)
         if self.findings or self.known_hits:
             ft = Table(title="findings by signature (all workers)")
             for col in ("signature", "status", "found by", "shrunk", "corpus entry"):

@@ -84,6 +84,7 @@ class WorkerSpec:
     torch_threads: int | None = None
     draws: str = "auto"
     seeds_per_example: int = 1
+    shrink_grace: float = 0.0  # Campaign.shrink_grace_s
     warm_up: bool = False
     fail_on_known: bool = False
     known: dict = field(default_factory=dict)  # signature -> corpus entry name (the driver's corpus)
@@ -127,7 +128,8 @@ def make_campaign(spec: WorkerSpec, target, *, corpus_dir=None, record=None) -> 
                     round_examples=spec.round_examples, isolate=spec.isolate, corpus_dir=corpus_dir,
                     record_path=record, known=dict(spec.known), launch_timeout_s=spec.launch_timeout,
                     torch_threads=spec.torch_threads, draws=resolve_draws(spec.draws, spec.device),
-                    seeds_per_example=spec.seeds_per_example, pool_scales=pool_scales)
+                    seeds_per_example=spec.seeds_per_example, pool_scales=pool_scales,
+                    shrink_grace_s=spec.shrink_grace)
     return camp, note
 
 
@@ -140,6 +142,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 compiles=s.compiles, structures=s.structures, seeds_per_example=spec.seeds_per_example,
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
+                shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s,
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 findings=[f.to_record() for f in camp.findings.values()],
