@@ -106,6 +106,15 @@ for step in "$@"; do
       timeout 300 gdn-fuzz unguarded --target materialize --device cuda --json "$R/pmunguarded.json" \
         > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
+    editgrace)
+      # issue 32: the product command on edited kernels (bf16, default processes, default --shrink-grace): when does
+      # the first finding come, and is every finding shrunk
+      need_bundle
+      for m in ${GRACE_MUTANTS:-prod_anchor_lane_p prod_fold_no_bdec prod_beta_no_sigmoid}; do
+        timeout "$(( ${GRACE_S:-45} + 120 ))" gdn-fuzz run --target "mutant:$m" --arms bf16 --seconds "${GRACE_S:-45}" \
+          --no-corpus --json "$R/grace-$m.json" > "$R/grace-$m.txt" 2>&1
+        echo "editgrace $m rc=$?"
+      done ;;
     pack)
       # the device returns a few files per call: everything under $R in one archive
       tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$R" && ls -l "$OUT" ;;
