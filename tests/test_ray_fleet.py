@@ -90,7 +90,7 @@ def test_a_planted_bug_is_stored_once(ray_address, tmp_path):
     cdir, jp = tmp_path / "corpus", tmp_path / "camp.json"
     p = _driver("--ray", ray_address, "--processes", "2", "--device", "cpu", "--target", "mutant:fold_skipped",
                 "--arms", "bf16", "--T", "4", "--property", "launch", "--examples", "25", "--corpus", str(cdir),
-                "--json", str(jp))
+                "--json", str(jp), "--shrink-grace", "0")  # no shrinking past the budget: 25 examples exactly
     out = _finish(p, [])
     assert p.returncode == 1, out[-4000:]  # new finding
     rec = json.loads(jp.read_text())
