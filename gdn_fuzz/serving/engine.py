@@ -17,6 +17,10 @@ followed by one cursor commit (shared/docs/replayssm-serving.md).  `Engine` play
              logical state (checkpoint + window, replayed in float64 from each backend's own
              buffers) becomes a fresh checkpoint, cursors reset at the next step.  The truth
              does not change: readmission must not change the logical state.
+  prefix_hit the prefix cache (an engine with a materializer, FlashInfer 0.7.4's
+             gdn_prefix_materialize or its reference): a request's state after `count` tokens of its
+             window is materialized into a free block, where a new request (the fork) starts and
+             decodes the source's continuation again, teacher-forced from its transcript.
   step       one model step: a plan of (request, real tokens n, accepted a) rows, padded to
              the batch bucket B with pad rows in a given or drawn order; q/k/v/a/b per layer
              (drawn from the seed, or given: teacher forcing); every backend runs it; then
