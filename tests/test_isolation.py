@@ -220,3 +220,23 @@ def test_ctrl_c_outside_the_campaign_loop_is_an_interrupted_run(tmp_path, monkey
     rec = json.loads(jp.read_text())
     assert rc == 130 and rec["interrupted"] and rec["examples"] == 0
     assert closed == [True]  # the isolated worker the warm-up started was closed
+
+
+def test_a_worker_prepares_only_the_oracles_its_checks_can_draw():
+    """Issue 32 (a changed kernel found sooner): an isolated worker compiles the flush oracle before it reports
+    ready for the campaign's own arms and T (it compiled every arm and T), and nothing for a materializer, whose
+    oracle is torch; nothing off CUDA."""
+    from gdn_fuzz.engine.isolation import oracle_to_prepare
+
+    class T:  # a target as the worker sees it
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def unavailable_reason(self, device):
+            return None
+
+    assert oracle_to_prepare(T("flush"), "cuda", ("bf16",), (4,)) == (("bf16",), (4,))
+    assert oracle_to_prepare(T("materialize"), "cuda", ("bf16",), (4,)) is None
+    assert oracle_to_prepare(T("flush"), "cpu", ("bf16",), (4,)) is None
+    w = Worker("reference", "cpu", oracle_arms=("fp16",), oracle_Ts=(8,))
+    assert (w.oracle_arms, w.oracle_Ts) == (("fp16",), (8,))

@@ -270,7 +270,8 @@ class Campaign:
         self._on_check = lambda prop, case: None  # run()'s on_check
         if self.isolate:
             inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
-            self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads)
+            self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads,
+                                  oracle_arms=self.arms, oracle_Ts=self.Ts)  # compile only the oracles it can draw
         elif self.torch_threads:
             import torch
 
@@ -520,7 +521,8 @@ class Campaign:
         signature is filed as a finding (unshrunk: the case is what was in flight) and given to
         on_finding.  Returns {"outcome": "passed" | "failed", "signatures": [...], "new": [...]}."""
         prop = get_property(prop_name)
-        with Worker(self.target.name, self.device, name="recheck", torch_threads=self.torch_threads) as w:
+        with Worker(self.target.name, self.device, name="recheck", torch_threads=self.torch_threads,
+                    oracle_arms=self.arms, oracle_Ts=self.Ts) as w:
             if self.launch_timeout_s is not None:
                 w.timeout_s = self.launch_timeout_s
             found = w.check(prop.name, case)

@@ -202,11 +202,21 @@ def _die_with_parent(campaign_pid: int) -> None:
         pass
 
 
+def oracle_to_prepare(target, device: str, arms, Ts) -> tuple[tuple, tuple] | None:
+    """(arms, Ts) of the oracle compiles a worker makes before it reports ready (checks.prepare_oracle), or None:
+    the flush oracle for the arms and T the worker's checks can draw, on CUDA, for a flush-kernel target; nothing
+    for a materializer (its oracle is torch: nothing to compile), nor where the target cannot launch."""
+    if not str(device).startswith("cuda") or target.kernel != "flush" or target.unavailable_reason(device) is not None:
+        return None
+    return tuple(arms), tuple(Ts)
+
+
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
-                 torch_threads: int | None = None) -> None:
+                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
     send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal'.  torch_threads: torch's
-    intra-op threads in this worker (None: torch's default, every core)."""
+    intra-op threads in this worker (None: torch's default, every core); oracle_arms / oracle_Ts: the oracle
+    compiles made before 'ready' (oracle_to_prepare)."""
     _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
     if torch_threads:
         import torch
@@ -217,8 +227,9 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         target = get_target(target_name)
-        if str(device).startswith("cuda") and target.unavailable_reason(device) is None:
-            prepare_oracle(device, ARM_NAMES, LEGAL_T)  # the oracle's compiles, before any check is timed
+        prep = oracle_to_prepare(target, device, oracle_arms, oracle_Ts)
+        if prep is not None:
+            prepare_oracle(device, *prep)  # the oracle's compiles, before any check is timed
     except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))
         return
@@ -304,8 +315,9 @@ class Worker:
     def __init__(self, target_name: str, device: str, inflight_dir: Path | None = None, name: str = "w0",
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
                  max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 torch_threads: int | None = None):
+                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T):
         self.target_name, self.device, self.name = target_name, device, name
+        self.oracle_arms, self.oracle_Ts = tuple(oracle_arms), tuple(oracle_Ts)  # compiled before 'ready' (CUDA)
         self.torch_threads = torch_threads
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
@@ -373,7 +385,7 @@ class Worker:
         ctx = _context()
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
-                                                      self.torch_threads),
+                                                      self.torch_threads, self.oracle_arms, self.oracle_Ts),
                            daemon=True)
         proc.start()
         child.close()
@@ -601,7 +613,8 @@ class Worker:
         """
         w = Worker(self.target_name, self.device, inflight_dir=self.inflight_dir, name=f"{self.name}-repro",
                    timeout_s=self.timeout_s if timeout_s is None else timeout_s, max_rss_mb=self.max_rss_mb,
-                   max_checks=None, start_timeout_s=self.start_timeout_s)
+                   max_checks=None, start_timeout_s=self.start_timeout_s, oracle_arms=self.oracle_arms,
+                   oracle_Ts=self.oracle_Ts)
         try:
             found = w.check(prop, case)
         finally:
