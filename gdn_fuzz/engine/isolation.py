@@ -34,6 +34,7 @@ cache are per worker, and are rebuilt after a crash).
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -63,7 +64,7 @@ OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allo
 NO_DEVICE = ("Torch not compiled with CUDA enabled", "no CUDA GPUs are available", "Found no NVIDIA driver",
              "CUDA driver version is insufficient", "invalid device ordinal")
 
-MEASURE = "measure:"  # a message naming a measurement (Worker.measure), not a property
+MEASURE = "measure:"  # a message naming a measurement (Worker.measure: "measure:MODULE:FUNCTION"), not a property
 MAX_RSS_ENV = "GDN_FUZZ_WORKER_MAX_RSS_MB"
 DEFAULT_MAX_RSS_MB = 8192.0  # 8 GiB
 DEFAULT_MAX_CHECKS = 2000
@@ -247,10 +248,9 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             case = load_case(case_d)
             arms_seen.add(case.arm)
             if prop_name.startswith(MEASURE):  # a measurement (Worker.measure): no findings, its numbers
-                from gdn_fuzz.studies.unguarded import measure
-
+                module, _, name = prop_name[len(MEASURE):].partition(":")
                 found = Findings()
-                found.metrics = measure(prop_name[len(MEASURE):])(target, case, device)
+                found.metrics = getattr(importlib.import_module(module), name)(target, case, device)
             else:
                 found = get_property(prop_name).check(target, case, device)
             if str(device).startswith("cuda"):
@@ -591,12 +591,13 @@ class Worker:
         words, outcome = self._exit_words(self._proc)
         return self._died(prop, words, outcome)
 
-    def measure(self, scenario: str, case: Case) -> Findings:
-        """Run a measurement of gdn_fuzz.studies.unguarded (an unvalidated input: undefined behaviour to report,
-        not to judge) on `case` in the worker.  Its numbers come back as .metrics of an empty Findings; when the
+    def measure(self, scenario, case: Case) -> Findings:
+        """Run a measurement on `case` in the worker: `scenario` is a module-level function (target, case, device) ->
+        dict, such as those of gdn_fuzz.studies.unguarded (an unvalidated input: undefined behaviour to report, not
+        to judge); the worker imports it by name.  Its numbers come back as .metrics of an empty Findings; when the
         worker dies, hangs or the scenario raises, the Findings say so (crash / hang / launch) and .metrics is
         None.  The worker is replaced after a crash, as for a check."""
-        got = self.check(MEASURE + scenario, case)
+        got = self.check(f"{MEASURE}{scenario.__module__}:{scenario.__qualname__}", case)
         if not hasattr(got, "metrics"):
             got = Findings(got)
             got.metrics = None

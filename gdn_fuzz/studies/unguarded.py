@@ -354,13 +354,6 @@ PM_CLAUSES = {"dst past the pool": "PMH*", "dst far past the pool": "PMH*", "dup
               "dst == another request's src": "PMR3"}
 
 
-def measure(name: str):
-    """The scenario function a worker runs for Worker.measure(name, case)."""
-    if name not in PM_SCENARIOS:
-        raise ValueError(f"scenario {name!r} is not one of {sorted(PM_SCENARIOS)}")
-    return PM_SCENARIOS[name]
-
-
 def run_materializer(target_name: str, arms, device, rings=(32,), timeout_s: float = 300.0) -> list[dict]:
     """Every PM scenario per arm and ring depth, each in an isolated worker (a crash or a fatal CUDA error ends
     that worker and is the scenario's result; the next one gets a fresh worker)."""
@@ -372,7 +365,7 @@ def run_materializer(target_name: str, arms, device, rings=(32,), timeout_s: flo
             for R in rings:
                 case = pm_base_case(arm, R)
                 for name in PM_SCENARIOS:
-                    got = w.measure(name, case)
+                    got = w.measure(PM_SCENARIOS[name], case)
                     row = dict(scenario=name, arm=arm, T=f"R={R}", clause=PM_CLAUSES[name])
                     if got.metrics is not None:
                         row.update(got.metrics)
