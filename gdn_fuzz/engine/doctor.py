@@ -43,14 +43,8 @@ def report() -> str:
         except (TargetUnavailable, ValueError) as e:
             lines.append(f"target {name}: unavailable: {e}")
             continue
-        arms_ok, arms_bad = [], []
         legal = t.release.release.entry(t.model_entry).arms
-        for arm in legal:
-            try:
-                t.module(arm)
-                arms_ok.append(arm)
-            except (TargetMismatch, TargetUnavailable, ImportError, ValueError, RuntimeError) as e:
-                arms_bad.append(f"{arm} ({type(e).__name__}: {e})")
+        arms_ok, arms_bad = _import_arms(t, legal)
         why = t.unavailable_reason(device)
         lines.append(f"target {name}: {t.path}")
         lines.append(f"  release model: {t.release}")
@@ -77,6 +71,18 @@ def report() -> str:
         f"ray {ray} installed (a cluster: `ray start --head`, then --ray auto; docs/fleet.md)" if ray != "not installed"
         else "ray not installed (pip install 'gdn-fuzz[cluster]')"))
     return "\n".join(lines)
+
+
+def _import_arms(t, arms) -> tuple[list[str], list[str]]:
+    """(arms whose module imports, "arm (Error: message)" of those that fail) for target t."""
+    ok, bad = [], []
+    for arm in arms:
+        try:
+            t.module(arm)
+            ok.append(arm)
+        except (TargetMismatch, TargetUnavailable, ImportError, ValueError, RuntimeError) as e:
+            bad.append(f"{arm} ({type(e).__name__}: {e})")
+    return ok, bad
 
 
 def _span(Ts) -> str:
@@ -134,13 +140,7 @@ def _materializer(installed: str | None) -> list[str]:
         except (TargetUnavailable, ValueError) as e:
             out.append(f"  target {name}: unavailable: {e}")
             continue
-        ok, bad = [], []
-        for arm in ARMS:
-            try:
-                t.module(arm)
-                ok.append(arm)
-            except (TargetMismatch, TargetUnavailable, ImportError, ValueError, RuntimeError) as e:
-                bad.append(f"{arm} ({type(e).__name__}: {e})")
+        ok, bad = _import_arms(t, ARMS)
         why = t.unavailable_reason(device)
         out.append(f"  target {name}: {t.path}; arms that import (each its own module state): {', '.join(ok) or 'none'}"
                    + "".join(f"; fails: {b}" for b in bad))

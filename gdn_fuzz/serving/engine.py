@@ -468,10 +468,10 @@ class Engine:
             S = ad.rebuild(l, [block], [(0, 0)])[0].to(self.device)  # an empty window: the checkpoint itself
             want = truth[l][None]
             err, den = distance(S, want, (-2, -1)), frobenius(want, (-2, -1))
-            rat = ratio(err, drift_budget(ad.u, age, den, floor))
-            self.worst_prefix = max(self.worst_prefix, float(rat.nan_to_num(float("inf")).max()))
+            rat = ratio(err, drift_budget(ad.u, age, den, floor)).nan_to_num(float("inf"))  # NaN state: over budget
+            self.worst_prefix = max(self.worst_prefix, float(rat.max()))
             out += _over_budget(
-                "serving.prefix", "PMM3", rat.nan_to_num(float("inf")), err, den,
+                "serving.prefix", "PMM3", rat, err, den,
                 lambda j: f"{name} layer {l}: request {rid}'s state after {count} tokens of its window, "
                           f"materialized into block {block}, is",
                 f"(relative) from the sequential truth at that token; budget compare.drift_budget at the fork's "
@@ -618,12 +618,14 @@ class Engine:
                 self.wraps += b0 + P0 + T > RING_SLOTS
             r.since_fold = (0 if flushed else r.since_fold) + x.accepted
             if r.prefix is not None:  # what a prefix hit on this request needs (prefix_hit)
-                p, L = batch.positions[i], range(g.layers)
+                p, a, L = batch.positions[i], x.accepted, range(g.layers)
                 if flushed:
                     r.prefix, r.fold_at = [[befores[l][i].clone() for l in L]], len(r.transcript)
-                r.prefix += [[trails[l][i, t].clone() for l in L] for t in range(x.accepted)]
-                r.transcript += [[{n: v[p, t].clone() for n, v in tokens[l].items()} for l in L]
-                                 for t in range(x.accepted)]
+                # one copy per (layer, tensor) of the row's accepted tokens, then a view per token
+                states = [trails[l][i, :a].clone().unbind(0) for l in L]
+                toks = [{n: v[p, :a].clone().unbind(0) for n, v in tokens[l].items()} for l in L]
+                r.prefix += [[states[l][t] for l in L] for t in range(a)]
+                r.transcript += [[{n: toks[l][n][t] for n in toks[l]} for l in L] for t in range(a)]
                 if x.rid in followed:
                     r.pos += x.accepted
                     self.followed += x.accepted

@@ -19,6 +19,7 @@ import torch
 from gdn_fuzz.case import Case, Regime, Row, materialize
 from gdn_fuzz.checks import expectation
 from gdn_fuzz.observation import clone_inputs, observe, same_bits
+from gdn_fuzz.prefix_case import PrefixCase, Request, materialize_prefix
 from gdn_fuzz.compare import relative
 from gdn_fuzz.targets import Target
 
@@ -167,33 +168,22 @@ CHUNK = 8  # elements of a 16-byte store (bf16 / fp16 states)
 def pm_base_case(arm: str, ring: int = 32, H: int = 1, HV: int = 2):
     """Two fold requests: slot 0 -> 2 (count 5 of 7, window from 3) and slot 1 -> 3 (count 9 of 9, window from
     ring - 4: it wraps); slots 4 and 5 untouched."""
-    from gdn_fuzz.prefix_case import PrefixCase, Request
-
     return PrefixCase(arm=arm, H=H, HV=HV, pool=6, ring=ring,
                       requests=(Request(0, 2, 3, 5, 7), Request(1, 3, ring - 4, 9, 9)), seed=23)
 
 
-def _pm_run(target: Target, case, inputs: dict):
-    """Call the materializer on `inputs` (in place); (exception text or None)."""
+def _run(target: Target, case, device, dst: dict | None = None, inputs: dict | None = None):
+    """One call of the materializer on case's tensors (or `inputs`), with request i's dst set to dst[i]: (the state
+    tensor after it, the exception text or None).  Synchronizes, so that a device fault surfaces here."""
     from gdn_fuzz.properties.materialize import call
 
+    inputs = materialize_prefix(case, device) if inputs is None else inputs
+    for i, d in (dst or {}).items():
+        inputs["dst_slots"][i] = d
     _, exc = call(target, case, inputs)
-    return None if exc is None else f"{type(exc).__name__}: {exc}"
-
-
-def _sync(device):
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def _legal(target: Target, case, device):
-    """The target's own result of the legal call: (state after, exception text)."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    inputs = materialize_prefix(case, device)
-    err = _pm_run(target, case, inputs)
-    _sync(device)
-    return inputs["state"], err
+    return inputs["state"], (None if exc is None else f"{type(exc).__name__}: {exc}")
 
 
 def _chunks(got: torch.Tensor, *cands: torch.Tensor) -> dict:
@@ -213,9 +203,7 @@ def _chunks(got: torch.Tensor, *cands: torch.Tensor) -> dict:
 def pm_scenario_dst_past_pool(target: Target, case, device) -> dict:
     """PMH*: dst = pool (one past the last slot) is not checked.  The pool is the head of a larger buffer, so a
     write past it lands in guard slots this study owns."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    want, err = _legal(target, case, device)
+    want, err = _run(target, case, device)
     if err:
         return dict(legal_call_raised=err)
     inputs = materialize_prefix(case, device)
@@ -223,31 +211,23 @@ def pm_scenario_dst_past_pool(target: Target, case, device) -> dict:
     big = torch.zeros((st.shape[0] + PM_GUARD_SLOTS, *st.shape[1:]), dtype=st.dtype, device=st.device)
     big[: st.shape[0]] = st
     inputs["state"] = big[: st.shape[0]]  # contiguous, 16-byte aligned: every layout check passes
-    inputs["dst_slots"][0] = case.pool
     before = big.clone()
-    err = _pm_run(target, case, inputs)
-    _sync(device)
+    _, err = _run(target, case, device, {0: case.pool}, inputs)
     if err:
         return dict(raised=err)
     guard = big[case.pool:]
     changed = [i for i in range(PM_GUARD_SLOTS) if not bool(same_bits(guard[i], before[case.pool + i]).all())]
-    d0 = case.requests[0].dst
-    pool_changed = sorted(int(s) for s in range(case.pool) if s not in (case.requests[1].dst,)
+    pool_changed = sorted(s for s in range(case.pool) if s != case.requests[1].dst
                           and not bool(same_bits(big[s], before[s]).all()))
     return dict(raised=None, guard_slots_written=changed,
-                guard_slot_0_is_the_legal_result=bool(same_bits(guard[0], want[d0]).all()),
+                guard_slot_0_is_the_legal_result=bool(same_bits(guard[0], want[case.requests[0].dst]).all()),
                 other_pool_slots_changed=pool_changed,
                 note="no error: the state was written into the memory right after the pool")
 
 
 def pm_scenario_dst_far_past_pool(target: Target, case, device) -> dict:
     """PMH*: dst = 2^30, far past every allocation: on a GPU an illegal address (the worker reports it)."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    inputs = materialize_prefix(case, device)
-    inputs["dst_slots"][0] = PM_FAR
-    err = _pm_run(target, case, inputs)
-    _sync(device)  # a fault surfaces here, in the worker, which then dies with it
+    _, err = _run(target, case, device, {0: PM_FAR})  # a fault surfaces in _run, in the worker, which dies with it
     return dict(raised=err) if err else dict(raised=None, note="no error and no fault reported")
 
 
@@ -255,23 +235,16 @@ def pm_scenario_duplicate_dst(target: Target, case, device, repeats: int = 5) ->
     """PMR2: two live requests with one dst store 16-byte chunks in no set order.  Request 1 is sent to request
     0's dst; the result's chunks are compared with each request's legal result (A: request 0's, B: request 1's),
     over `repeats` launches."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    want, err = _legal(target, case, device)
+    want, err = _run(target, case, device)
     if err:
         return dict(legal_call_raised=err)
     d0, d1 = case.requests[0].dst, case.requests[1].dst
-    runs, first = [], None
+    runs = []
     for _ in range(repeats):
-        inputs = materialize_prefix(case, device)
-        inputs["dst_slots"][1] = d0
-        err = _pm_run(target, case, inputs)
-        _sync(device)
+        got, err = _run(target, case, device, {1: d0})
         if err:
             return dict(raised=err)
-        got = inputs["state"][d0]
-        runs.append(_chunks(got, want[d0], want[d1]))
-        first = got.clone() if first is None else first
+        runs.append(_chunks(got[d0], want[d0], want[d1]))
     same = all(r == runs[0] for r in runs)
     return dict(raised=None, chunks=runs[0] if same else runs, same_chunks_every_run=same, repeats=repeats,
                 chunks_per_slot=want[d0].numel() // CHUNK)
@@ -280,64 +253,47 @@ def pm_scenario_duplicate_dst(target: Target, case, device, repeats: int = 5) ->
 def pm_scenario_duplicate_identical(target: Target, case, device) -> dict:
     """PMR2: two identical requests (same src, window, count and dst) compute identical bits: the one case of a
     shared dst the contract defines.  Reports whether dst holds the legal result's bits."""
-    import dataclasses as dc
-
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    twin = dc.replace(case, requests=(case.requests[0], case.requests[0], case.requests[1]))
-    want, err = _legal(target, case, device)
+    want, err = _run(target, case, device)
     if err:
         return dict(legal_call_raised=err)
-    inputs = materialize_prefix(twin, device)
-    err = _pm_run(target, twin, inputs)
-    _sync(device)
+    twin = dataclasses.replace(case, requests=(case.requests[0], case.requests[0], case.requests[1]))
+    got, err = _run(target, twin, device)
     if err:
         return dict(raised=err)
     d0 = case.requests[0].dst
-    return dict(raised=None, dst_is_the_legal_result=bool(same_bits(inputs["state"][d0], want[d0]).all()))
+    return dict(raised=None, dst_is_the_legal_result=bool(same_bits(got[d0], want[d0]).all()))
 
 
 def pm_scenario_dst_is_src(target: Target, case, device) -> dict:
     """PMR1: dst == src within one request (in place).  Each K half is loaded before its own store (src), so the
     result should be the out-of-place one; not promised (the docstring says "a separate pool slot")."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    want, err = _legal(target, case, device)
+    want, err = _run(target, case, device)
     if err:
         return dict(legal_call_raised=err)
-    inputs = materialize_prefix(case, device)
     s0, d0 = case.requests[0].src, case.requests[0].dst
-    inputs["dst_slots"][0] = s0
-    err = _pm_run(target, case, inputs)
-    _sync(device)
+    got, err = _run(target, case, device, {0: s0})
     if err:
         return dict(raised=err)
-    got = inputs["state"][s0]
-    return dict(raised=None, in_place_is_the_out_of_place_result=bool(same_bits(got, want[d0]).all()),
-                **_chunks(got, want[d0]))
+    return dict(raised=None, in_place_is_the_out_of_place_result=bool(same_bits(got[s0], want[d0]).all()),
+                **_chunks(got[s0], want[d0]))
 
 
 def pm_scenario_dst_is_other_src(target: Target, case, device, repeats: int = 5) -> dict:
     """PMR3: request 0 writes request 1's source while request 1 reads it: a read/write race.  Reports request 1's
     result against its legal one (read before the write) over `repeats` launches."""
-    from gdn_fuzz.prefix_case import materialize_prefix
-
-    want, err = _legal(target, case, device)
+    want, err = _run(target, case, device)
     if err:
         return dict(legal_call_raised=err)
     s1, d1 = case.requests[1].src, case.requests[1].dst
     legal1, races = 0, []
     for _ in range(repeats):
-        inputs = materialize_prefix(case, device)
-        inputs["dst_slots"][0] = s1
-        err = _pm_run(target, case, inputs)
-        _sync(device)
+        got, err = _run(target, case, device, {0: s1})
         if err:
             return dict(raised=err)
-        ok = bool(same_bits(inputs["state"][d1], want[d1]).all())
+        ok = bool(same_bits(got[d1], want[d1]).all())
         legal1 += ok
         if not ok:
-            races.append(_chunks(inputs["state"][d1], want[d1]))
+            races.append(_chunks(got[d1], want[d1]))
     return dict(raised=None, runs_with_request_1_legal=legal1, repeats=repeats, other_runs=races[:2])
 
 
