@@ -98,8 +98,6 @@ class PrefixCase:
 
     K = 128
     V = 128
-    T = None  # no draft tokens: what a campaign record prints for a flush Case's T
-    fill = "all"
 
     @property
     def B(self) -> int:
@@ -108,10 +106,6 @@ class PrefixCase:
     @property
     def arm_spec(self) -> Arm:
         return get_arm(self.arm)
-
-    @property
-    def fmin(self):
-        return None
 
     def live_rows(self) -> list[int]:
         """The rows the derived active list holds: count >= 0, in index order (PMS5)."""

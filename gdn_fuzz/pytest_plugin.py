@@ -253,7 +253,7 @@ def known_for(target_name: str, case=None, device=None) -> dict:
             target = _TARGET_CACHE[target_name] = get_target(target_name)
         except (TargetUnavailable, ValueError):
             return known
-    backend = target.backend_for(case.arm, case.T, case.H, case.HV, device)
+    backend = target.backend_for_case(case, device)
     return corpus.known_on_backend(known, target, backend)
 
 

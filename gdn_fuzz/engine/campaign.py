@@ -361,7 +361,7 @@ class Campaign:
         (corpus.known_on_backend; on an SM100 GPU the released flush kernel routes some launches to UMMA)."""
         if case is None:
             return self.known
-        backend = self.target.backend_for(case.arm, case.T, case.H, case.HV, self.device)
+        backend = self.target.backend_for_case(case, self.device)
         got = corpus.known_on_backend(self.known, self.target, backend)
         for sig, name in got.items():
             if sig not in self.known:

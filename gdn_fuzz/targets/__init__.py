@@ -99,6 +99,12 @@ class Target:
                 self._detected = releases.detect(self.path, self.model_entry, base=self.base)
         return self._detected
 
+    def backend_for_case(self, case, device=None) -> str | None:
+        """backend_for of a drawn case of either kernel (a materializer's case has no T: one kernel, no routing)."""
+        if self.kernel == "materialize":
+            return "materialize" if self.released else None
+        return self.backend_for(case.arm, case.T, case.H, case.HV, device)
+
     def backend_for(self, arm: str, T: int, H: int, HV: int, device=None) -> str | None:
         """The backend a launch of this shape (contiguous pools, no pdl_trigger: what a drawn Case is) runs on
         (H19): 'umma' for the sm100 target; for the released flush kernel 'umma' where an SM100-class GPU and
