@@ -19,7 +19,7 @@ import torch
 
 from gdn_fuzz import fused_oracle
 from gdn_fuzz.case import Case, Row, draws_for, materialize
-from gdn_fuzz.compare import rel_to_magnitude, table_for
+from gdn_fuzz.compare import from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
 from gdn_fuzz.observation import Observation, READ_ONLY, mapped_rows, observe, same_bits
 from gdn_fuzz.oracles import ring as ring_oracle
@@ -55,29 +55,67 @@ def _check_case_cursors(case: Case) -> None:
     ring_oracle.check_cursors(torch.tensor([r.slot for r in case.rows]), torch.tensor([r.hist_len for r in case.rows]))
 
 
+def _oracle_inputs(obs: Observation) -> dict:
+    """The oracle's keywords for the observed launch (from its "before"); the cursors of a launch materialized
+    from its Case are validated from the Case's rows, not on the device."""
+    b, case = obs.before, obs.case
+    validate = not obs.from_case
+    if obs.from_case:
+        _check_case_cursors(case)
+    return dict(
+        q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
+        pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
+        u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
+        flush_min=case.fmin, scale=b.get("scale") or 1.0 / (case.K ** 0.5), validate=validate)
+
+
 def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
     """The float64 expectation of the observed launch: oracles.ring.launch (the spec), or the same
     numbers from the fused Triton oracle (gdn_fuzz.fused_oracle) where GDN_FUZZ_ORACLE picks it
     (auto, the default: on a CUDA device where triton imports; spec; fused)."""
-    b, case = obs.before, obs.case
-    oracle = fused_oracle.oracle_for(b["q"].device)
-    scale = b.get("scale") or 1.0 / (case.K ** 0.5)
-    # cursors materialized from the Case are validated from its rows, not on the device
-    validate = not obs.from_case
-    if obs.from_case:
-        _check_case_cursors(case)
-    return oracle(
-        q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
-        pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
-        u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
-        flush_min=case.fmin, scale=scale, validate=validate)
+    return fused_oracle.oracle_for(obs.before["q"].device)(**_oracle_inputs(obs))
+
+
+def summed_errors(obs: Observation, e: ring_oracle.LaunchExpectation) -> torch.Tensor:
+    """[B, HV, 3, 3] float64: for y, u and the fold (fused_oracle.SUMMED), per (row, v-head), sum (got - want)^2,
+    sum mag^2 and the number of non-finite got elements, from a whole expectation; what fused_oracle.measure
+    computes inside its kernel (fused_oracle.Measured.sums).  y sums are 0 where the launch returned no output."""
+    a = obs.after
+    idx = obs.before["initial_state_indices"].long().clamp(min=0)
+    B, T = e.slots.shape
+
+    def sums(got, want, mag, dims):
+        g = got.double()
+        return torch.stack([(g - want).pow(2).sum(dims), mag.double().pow(2).sum(dims),
+                            (~torch.isfinite(g)).sum(dims).double()], -1)
+
+    u_got = a["u_cache"].permute(0, 2, 1, 3)[idx[:, None].expand(B, T), e.slots]  # [B, T, HV, V]
+    u = sums(u_got, e.u_app, e.u_mag, (1, 3))
+    y = sums(obs.output, e.y, e.y_mag, (1, 3)) if obs.output is not None else torch.zeros_like(u)
+    fold = sums(a["initial_state_source"][idx], e.fold, e.fold_mag, (2, 3))
+    return torch.stack([y, u, fold], 2)
+
+
+def measure(obs: Observation):
+    """(expectation, sums) of the observed launch: the fused oracle's kernel compares the launch as it computes
+    the expectation where GDN_FUZZ_ORACLE picks it (fused_oracle.measure: a Measured, no [V, K] tensor built);
+    else the spec's whole LaunchExpectation and summed_errors of it.  Either way sums is [B, HV, 3, 3] and the
+    expectation has the fields oracle_metrics and check_oracle read (k_app, g_app, g_mag, slots, flush, pad)."""
+    a = obs.after
+    if fused_oracle.oracle_for(obs.before["q"].device) is fused_oracle.launch:
+        m = fused_oracle.measure(**_oracle_inputs(obs), y_out=obs.output, u_after=a["u_cache"],
+                                 pool_after=a["initial_state_source"])
+        return m, m.sums
+    e = expectation(obs)
+    return e, summed_errors(obs, e)
 
 
 def prepare_oracle(device: str, arms, Ts) -> int:
-    """Compile the oracle's kernels for `device` now (the fused oracle's Triton kernel: one per T and
-    arm dtypes; nothing for the spec), so that no check pays that compile.  An isolated worker does
-    this before it reports ready: a check's time is the target's (a hang timeout of 2 s once turned
-    the first check's compile into a false hang).  Returns the launches run."""
+    """Compile the oracle's kernels for `device` now (the fused oracle's Triton kernel: per T and arm
+    dtypes, its expectation variant and the measure variant check_launch uses; nothing for the spec), so
+    that no check pays that compile.  An isolated worker does this before it reports ready: a check's time
+    is the target's (a hang timeout of 2 s once turned the first check's compile into a false hang).
+    Returns the (arm, T) pairs run."""
     if fused_oracle.oracle_for(device) is ring_oracle.launch:
         return 0
     n = 0
@@ -85,7 +123,10 @@ def prepare_oracle(device: str, arms, Ts) -> int:
         for T in Ts:
             case = Case(arm=arm, T=T, H=1, HV=1, pool=1, rows=(Row(0, 1, 0),), seed=0, draws=draws_for(device))
             inputs = materialize(case, device)
-            expectation(Observation(case=case, before=inputs, after=inputs, output=None, from_case=True))
+            obs = Observation(case=case, before=inputs, after=inputs, output=torch.zeros_like(inputs["v"]),
+                              from_case=True)  # y has v's shape and IO dtype
+            expectation(obs)
+            measure(obs)
             n += 1
     return n
 
@@ -146,36 +187,39 @@ def summarize(metrics: dict[str, Metric]) -> dict[str, MetricSummary]:
 CLAUSES = {"y": "M4", "k": "M5", "u": "M5", "g": "M6", "fold": "M7"}
 
 
-def oracle_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = None) -> dict[str, Metric]:
-    """M4-M7: y, appended k/u/g and the fold against the float64 oracle, per (row, head)."""
-    e = expectation(obs) if e is None else e
+def oracle_metrics(obs: Observation, e=None, sums: torch.Tensor | None = None) -> dict[str, Metric]:
+    """M4-M7: y, appended k/u/g and the fold against the float64 oracle, per (row, head).
+
+    e, sums: measure(obs), or a whole LaunchExpectation (its sums are then summed_errors of it)."""
+    if e is None:
+        e, sums = measure(obs)
+    elif sums is None:
+        sums = summed_errors(obs, e)
     tol = table_for(obs.case.arm)
     live = ~e.pad
-    idx = obs.before["initial_state_indices"].long().clamp(min=0)
     B, T = e.slots.shape
-    rows_bt = idx[:, None].expand(B, T)
+    V, K = obs.before["initial_state_source"].shape[-2:]
     out: dict[str, Metric] = {}
 
-    def compare(name, got, want, mag, dims, live_mask):
-        t = tol[name]
-        err, den, floor = rel_to_magnitude(got, want, mag, dims, t.atol)
-        nonfin = _nonfinite(got.double(), dims)
+    def metric(t, err, den, floor, nonfin, live_mask) -> Metric:
         inf = torch.full_like(err, float("inf"))
         ratio = torch.where(nonfin, inf, err / (t.rtol * den + floor).clamp_min(1e-300))
         rel = torch.where(nonfin, inf, err / den.clamp_min(1e-300))
-        out[name] = Metric(rel, ratio, live_mask)
+        return Metric(rel, ratio, live_mask)
 
-    if obs.output is not None:
-        # y: [B, T, HV, V] -> per (row, head) over (T, V)
-        compare("y", obs.output.permute(0, 2, 1, 3), e.y.permute(0, 2, 1, 3), e.y_mag.permute(0, 2, 1, 3), (2, 3), live)
-    a = obs.after
-    # appends at (idx, head, slot(P+s)) -> [B, T, heads, dim]
-    k_got = a["k_cache"].permute(0, 2, 1, 3)[rows_bt, e.slots]  # [B, T, H, K]
-    u_got = a["u_cache"].permute(0, 2, 1, 3)[rows_bt, e.slots]  # [B, T, HV, V]
-    g_got = a["g_cache"].permute(0, 2, 1)[rows_bt, e.slots]  # [B, T, HV]
-    compare("k", k_got.permute(0, 2, 1, 3), e.k_app.permute(0, 2, 1, 3), e.k_app.abs().permute(0, 2, 1, 3), (2, 3), live)
-    compare("u", u_got.permute(0, 2, 1, 3), e.u_app.permute(0, 2, 1, 3), e.u_mag.permute(0, 2, 1, 3), (2, 3), live)
+    # y, u and the fold from their sums: [B, HV] per output
+    for i, (name, n, live_mask) in enumerate((("y", T * V, live), ("u", T * V, live), ("fold", V * K, e.flush))):
+        if name == "y" and obs.output is None:
+            continue
+        s = sums[:, :, i]
+        out[name] = metric(tol[name], *from_sums(s[..., 0], s[..., 1], n, tol[name].atol), s[..., 2] > 0, live_mask)
+    # k: appends at (idx, k-head, slot(P+s)) -> [B, T, H, K], per (row, k-head) over (T, K)
+    idx = obs.before["initial_state_indices"].long().clamp(min=0)
+    k_got = obs.after["k_cache"].permute(0, 2, 1, 3)[idx[:, None].expand(B, T), e.slots]
+    err, den, floor = rel_to_magnitude(k_got, e.k_app, e.k_app.abs(), (1, 3), tol["k"].atol)
+    out["k"] = metric(tol["k"], err, den, floor, _nonfinite(k_got.double(), (1, 3)), live)
     # g: max over tokens of |dG| / summed |g|  -> [B, HV]
+    g_got = obs.after["g_cache"].permute(0, 2, 1)[idx[:, None].expand(B, T), e.slots]  # [B, T, HV]
     tg = tol["g"]
     g_abs = (g_got.double() - e.g_app).abs()  # [B, T, HV]
     tokens = torch.arange(1, T + 1, device=g_abs.device, dtype=torch.float64)[None, :, None]
@@ -185,9 +229,7 @@ def oracle_metrics(obs: Observation, e: ring_oracle.LaunchExpectation | None = N
     g_rel = torch.where(fin, g_abs / e.g_mag.clamp_min(1e-30), inf).amax(1)
     g_ratio = torch.where(fin, g_abs / (tg.rtol * e.g_mag + floor).clamp_min(1e-300), inf).amax(1)
     out["g"] = Metric(g_rel, g_ratio, live)
-    # fold: pool rows of flush rows
-    compare("fold", a["initial_state_source"][idx], e.fold, e.fold_mag, (2, 3), e.flush)
-    return out
+    return {name: out[name] for name in ("y", "k", "u", "g", "fold") if name in out}
 
 
 def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = None,
@@ -201,7 +243,9 @@ def check_oracle(obs: Observation, e: ring_oracle.LaunchExpectation | None = Non
     if obs.error is not None:
         return [Finding("launch", "H*", f"a legal case raised {type(obs.error).__name__}: {obs.error}",
                         outcome=raised(obs.error))]
-    e = expectation(obs) if e is None else e
+    if e is None:
+        e, sums = measure(obs)
+        metrics = oracle_metrics(obs, e, sums) if metrics is None and summary is None else metrics
     findings: list[Finding] = []
     if obs.output is None:
         findings.append(Finding("launch.output", "M8", "the entry point returned None instead of the output tensor",
@@ -327,8 +371,8 @@ def _check_launch(target: Target, case: Case, device: str) -> Findings:
     obs = observe(target, case, device)
     if obs.error is not None:
         return attach(Findings(check_oracle(obs)), launch_record(case))
-    e = expectation(obs)
-    metrics = oracle_metrics(obs, e)
+    e, sums = measure(obs)
+    metrics = oracle_metrics(obs, e, sums)
     summary = summarize(metrics)  # the one oracle transfer of this launch
     res = Findings(check_oracle(obs, e, metrics, summary) + check_writes(obs))
     res.metrics = row_metrics(metrics, summary)

@@ -138,7 +138,14 @@ def rel_to_magnitude(got, want, mag, dims, atol: float = 0.0):
     n = 1
     for d in dims:
         n *= got.shape[d]
-    return distance(got, want, dims), frobenius(mag, dims), atol * n**0.5
+    g = got.double()
+    return from_sums((g - want.double()).pow(2).sum(dims), mag.double().pow(2).sum(dims), n, atol)
+
+
+def from_sums(err2: torch.Tensor, mag2: torch.Tensor, n: int, atol: float = 0.0):
+    """rel_to_magnitude's (err, mag, floor) of a slice of n elements from its sums of squares: sum (got - want)^2
+    and sum mag^2 (what the fused oracle's kernel reduces on the device: gdn_fuzz.fused_oracle.measure)."""
+    return err2.sqrt(), mag2.sqrt(), atol * n**0.5
 
 
 # ------------------------------------------------------------------ drift budget (served requests)

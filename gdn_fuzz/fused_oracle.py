@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -137,7 +138,9 @@ def _kernel(interpret: bool):
 
     # no value specialization of the sizes and strides: one compile per (T, the pool's and v's dtypes),
     # whatever the geometry, so that prepare (checks.prepare_oracle) compiles everything up front
-    @triton.jit(do_not_specialize=["sp_r", "sp_h", "sp_v", "sp_k", "sv_b", "sv_t", "sv_h", "sv_v", "HV", "V", "K"])
+    @triton.jit(do_not_specialize=["sp_r", "sp_h", "sp_v", "sp_k", "sv_b", "sv_t", "sv_h", "sv_v", "HV", "V", "K",
+                                   "sy_b", "sy_t", "sy_h", "sy_v", "su_r", "su_h", "su_s", "su_v",
+                                   "sa_r", "sa_h", "sa_v", "sa_k", "NVB"])
     def fused_launch_kernel(
             pool_ptr, sp_r, sp_h, sp_v, sp_k,  # checkpoint pool [pool, HV, V, K], its stored dtype
             rows_ptr,  # [B] int64: pool row of each batch row (pad rows: 0, as the spec reads)
@@ -151,8 +154,14 @@ def _kernel(interpret: bool):
             y_ptr, ym_ptr, u_ptr, um_ptr,  # [B, T, HV, V] float64 out
             fold_ptr, foldm_ptr,  # [B, HV, V, K] float64 out
             HV, V, K,
+            # MEASURE: the observed launch, compared here instead of storing y, U and the fold
+            yo_ptr, sy_b, sy_t, sy_h, sy_v,  # the target's y [B, T, HV, V] (read when HAS_Y)
+            uc_ptr, su_r, su_h, su_s, su_v,  # u_cache after the launch [pool, HV, 32, V]
+            slots_ptr,  # [B, T] int64: the ring slot each draft's record lands in (ring.appends)
+            pa_ptr, sa_r, sa_h, sa_v, sa_k,  # the pool after the launch [pool, HV, V, K]
+            sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
             T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-            HISTORY: tl.constexpr = False):
+            HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -180,9 +189,24 @@ def _kernel(interpret: bool):
                 uj = tl.load(uw_ptr + (bh * W + j) * V + offs_v, mask=mv, other=0.0)
                 S += (wj * uj)[:, None] * kj[None, :]
                 M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
-            state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
-            tl.store(fold_ptr + state_off, S, mask=m2)
-            tl.store(foldm_ptr + state_off, M, mask=m2)
+            if MEASURE:  # the pool row after the launch against S_P (read for every row; check_oracle masks)
+                fa = tl.load(pa_ptr + row * sa_r + hv * sa_h + offs_v[:, None] * sa_v + offs_k[None, :] * sa_k,
+                             mask=m2, other=0.0).to(tl.float64)
+                df = fa - S
+                f_err = tl.sum(df * df, axis=1)  # [BLOCK_V]
+                f_mag = tl.sum(M * M, axis=1)
+                f_bad = tl.sum(tl.where((fa - fa) != 0.0, 1.0, 0.0), axis=1)  # x - x: 0 finite, NaN else
+            else:
+                state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
+                tl.store(fold_ptr + state_off, S, mask=m2)
+                tl.store(foldm_ptr + state_off, M, mask=m2)
+        if MEASURE:
+            y_err = tl.zeros([BLOCK_V], dtype=tl.float64)
+            y_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
+            y_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_err = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
 
         # the T drafts (M4) and their magnitudes
         for t in range(T):
@@ -195,7 +219,8 @@ def _kernel(interpret: bool):
             U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
             S += U[:, None] * kt[None, :]
             out_off = bth * V + offs_v
-            tl.store(u_ptr + out_off, U, mask=mv)
+            if not MEASURE:
+                tl.store(u_ptr + out_off, U, mask=mv)
             if not HISTORY:
                 qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
                 qa = tl.abs(qt)
@@ -205,11 +230,58 @@ def _kernel(interpret: bool):
                 Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
                 M += Um[:, None] * ka[None, :]
                 ym = tl.sum(M * qa[None, :], axis=1)
-                tl.store(y_ptr + out_off, y, mask=mv)
-                tl.store(ym_ptr + out_off, ym, mask=mv)
-                tl.store(um_ptr + out_off, Um, mask=mv)
+                if MEASURE:  # this draft's appended record and, with HAS_Y, its output
+                    slot = tl.load(slots_ptr + b * T + t)
+                    ug = tl.load(uc_ptr + row * su_r + hv * su_h + slot * su_s + offs_v * su_v, mask=mv,
+                                 other=0.0).to(tl.float64)
+                    du = ug - U
+                    u_err += du * du
+                    u_mag += Um * Um
+                    u_bad += tl.where((ug - ug) != 0.0, 1.0, 0.0)
+                    if HAS_Y:
+                        yg = tl.load(yo_ptr + b * sy_b + t * sy_t + hv * sy_h + offs_v * sy_v, mask=mv,
+                                     other=0.0).to(tl.float64)
+                        dy = yg - y
+                        y_err += dy * dy
+                        y_mag += ym * ym
+                        y_bad += tl.where((yg - yg) != 0.0, 1.0, 0.0)
+                else:
+                    tl.store(y_ptr + out_off, y, mask=mv)
+                    tl.store(ym_ptr + out_off, ym, mask=mv)
+                    tl.store(um_ptr + out_off, Um, mask=mv)
+        if MEASURE:  # one program's partial sums; measure() adds the NVB programs of a (row, head)
+            so = sums_ptr + (bh * NVB + pid_v) * 9
+            tl.store(so + 0, tl.sum(y_err, axis=0))
+            tl.store(so + 1, tl.sum(y_mag, axis=0))
+            tl.store(so + 2, tl.sum(y_bad, axis=0))
+            tl.store(so + 3, tl.sum(u_err, axis=0))
+            tl.store(so + 4, tl.sum(u_mag, axis=0))
+            tl.store(so + 5, tl.sum(u_bad, axis=0))
+            tl.store(so + 6, tl.sum(f_err, axis=0))
+            tl.store(so + 7, tl.sum(f_mag, axis=0))
+            tl.store(so + 8, tl.sum(f_bad, axis=0))
 
     return fused_launch_kernel
+
+
+def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base, flush_min,
+             scale, validate):
+    """The kernel's small per-token and per-window inputs, by the spec's functions (gather_window validates the
+    cursors exactly as the spec does: the one check_cursors of a call), and the value-independent fields of the
+    expectation (k_app, g_app, g_mag, slots, flush, pad: ring.appends, the spec's own code)."""
+    H = q.shape[2]
+    HV = v.shape[2]
+    g, beta = gdn_oracle.gates(a, dt_bias, A_log, b)  # [B, T, HV]
+    q_hat, k_hat = gdn_oracle.normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
+    kw, uw, Gw, valid = ring_oracle.gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV,
+                                                  validate=validate)
+    # the anchor G_P and the window weights w: replay on a zero-width state builds no [V, K] state
+    empty = torch.zeros(q.shape[0], HV, 0, 0, dtype=torch.float64, device=q.device)
+    _, GP, w = ring_oracle.replay(empty, kw[..., :0], uw[..., :0], Gw, valid, hist_len)
+    rows = idx.long().clamp(min=0)  # the spec's pool row: pad rows read row 0 (S0 = pool[rows])
+    args = (rows.contiguous(), torch.exp(GP).contiguous(), w.contiguous(), kw.contiguous(), uw.contiguous(),
+            torch.exp(g).contiguous(), beta.contiguous(), q_hat.contiguous(), k_hat.contiguous())
+    return args, w.shape[-1], ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base, flush_min)
 
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
@@ -222,32 +294,72 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
         raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    # the small per-token and per-window inputs of the kernel, by the spec's functions; gather_window
-    # validates the cursors exactly as the spec does (the one check_cursors of this call)
-    g, beta = gdn_oracle.gates(a, dt_bias, A_log, b)  # [B, T, HV]
-    q_hat, k_hat = gdn_oracle.normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
-    kw, uw, Gw, valid = ring_oracle.gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV,
-                                                  validate=validate)
-    # the anchor G_P and the window weights w: replay on a zero-width state builds no [V, K] state
-    empty = torch.zeros(B, HV, 0, 0, dtype=torch.float64, device=q.device)
-    _, GP, w = ring_oracle.replay(empty, kw[..., :0], uw[..., :0], Gw, valid, hist_len)
-    rows = idx.long().clamp(min=0)  # the spec's pool row: pad rows read row 0 (S0 = pool[rows])
-
+    args, W, app = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
+                            flush_min, scale, validate)
     f64 = dict(dtype=torch.float64, device=q.device)
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     if B and HV and V:
-        kern = _kernel(_interpreter()[0])
-        grid = (_cdiv(V, block_v), HV, B)
-        kern[grid](
-            pool, *pool.stride(), rows.contiguous(), torch.exp(GP).contiguous(), w.contiguous(), kw.contiguous(),
-            uw.contiguous(), torch.exp(g).contiguous(), beta.contiguous(), q_hat.contiguous(), k_hat.contiguous(),
-            v, *v.stride(), y, y_mag, U, U_mag, fold, fold_mag, HV, V, K,
-            T=T, W=w.shape[-1], BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS)
-    # the value-independent fields (k_app, g_app, g_mag, slots, flush, pad): the spec's own code
-    return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag,
-                                         **ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base,
-                                                               flush_min))
+        unused = y  # the MEASURE pointers, never read or written here
+        _kernel(_interpreter()[0])[(_cdiv(V, block_v), HV, B)](
+            pool, *pool.stride(), *args, v, *v.stride(), y, y_mag, U, U_mag, fold, fold_mag, HV, V, K,
+            unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
+            T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS)
+    return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
+
+
+@dataclass
+class Measured:
+    """The observed launch against the fused oracle, reduced on the device (measure()).
+
+    sums  [B, HV, 3, 3] float64: for y, u and the fold (dim 2, in SUMMED's order), per (row, v-head)
+          sum (got - want)^2, sum mag^2 and the number of non-finite got elements (dim 3), where
+          want / mag are the spec's y / y_mag (over T x V), u_app / u_mag (over the T appended records)
+          and fold / fold_mag (over V x K, the pool row after the launch; meaningful on flush rows)
+    the rest: ring.appends' fields of the LaunchExpectation (k_app, g_app, g_mag, slots, flush, pad)
+    """
+
+    sums: torch.Tensor
+    k_app: torch.Tensor
+    g_app: torch.Tensor
+    g_mag: torch.Tensor
+    slots: torch.Tensor
+    flush: torch.Tensor
+    pad: torch.Tensor
+
+
+SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
+
+
+def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
+            flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
+            block_v: int = BLOCK_V) -> Measured:
+    """launch()'s expectation of the inputs (the same keywords), compared in the same kernel with what the launch
+    left: y_out (the target's output [B, T, HV, V], or None: no y sums), u_after (u_cache after the launch: the
+    records at ring.appends' slots) and pool_after (the pool after the launch, rows idx).  Nothing of size
+    [B, HV, V, K] or [B, T, HV, V] is written: the partial sums of one program (BLOCK_V value rows) are stored,
+    and added here per (row, v-head).  The same sums as checks.summed_errors on launch()'s fields, in another
+    summation order (tests/test_fused_oracle.py)."""
+    why = unavailable(q.device)
+    if why is not None:
+        raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    args, W, app = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
+                            flush_min, scale, validate)
+    nvb = _cdiv(V, block_v)
+    sums = torch.zeros(B, HV, nvb, 3, 3, dtype=torch.float64, device=q.device)
+    if B and HV and V:
+        unused = sums  # the stores of launch(), never written here
+        has_y = y_out is not None
+        yo = y_out if has_y else sums
+        sy = y_out.stride() if has_y else (0, 0, 0, 0)
+        _kernel(_interpreter()[0])[(nvb, HV, B)](
+            pool, *pool.stride(), *args, v, *v.stride(), unused, unused, unused, unused, unused, unused, HV, V, K,
+            yo, *sy, u_after, *u_after.stride(), app["slots"].contiguous(), pool_after, *pool_after.stride(),
+            sums, nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS,
+            MEASURE=True, HAS_Y=has_y)
+    return Measured(sums=sums.sum(2), **app)
 
 
 def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V) -> torch.Tensor:
@@ -270,8 +382,8 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V) -> torch.T
         kern[(_cdiv(V, block_v), HV, n)](
             pool, *pool.stride(), rows.long().contiguous(), unused, unused, unused, unused,
             f64(torch.exp(g)), f64(beta), unused, f64(k_hat), v, *v.stride(), unused, unused, U, unused,
-            unused, unused, HV, V, K, T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS,
-            HISTORY=True)
+            unused, unused, HV, V, K, unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
+            T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS, HISTORY=True)
     return U
 
 

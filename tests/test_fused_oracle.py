@@ -366,3 +366,107 @@ def test_prepare_oracle_runs_the_fused_kernel_per_arm_and_T(interpreter, monkeyp
     assert run_in_interpreter(interpreter, _prepare_in_interpreter) == (4, 0)
     monkeypatch.setenv(fused_oracle.ENV, "spec")
     assert checks.prepare_oracle("cpu", ("bf16",), (4, 8)) == 0
+
+
+# ------------------------------------------------------------------ measure: the comparison in the kernel
+#
+# fused_oracle.measure compares the observed launch inside the oracle's kernel and returns per (row, v-head)
+# sums (fused_oracle.Measured.sums); checks.summed_errors computes the same sums in torch from the spec's whole
+# LaunchExpectation.  The two differ only where the expectations do: each element of want within RTOL x its
+# magnitude (the bound above), so by the triangle inequality sqrt(sum err^2) differs by at most RTOL x
+# sqrt(sum mag^2), and so does sqrt(sum mag^2) itself.  Non-finite counts are integers: equal.
+
+PERTURB = ("none", "nan_u", "inf_y", "noise_pool", "no_output")
+
+
+def _observed(case: Case, perturb: str):
+    """(in the interpreter process) the reference target's launch of the case, then one perturbation of what it
+    left: a NaN in one appended u record, an inf in y, noise on the pool (every row: flush rows' folds among
+    them), or no output (y not compared)."""
+    obs = observe(get_target("reference"), case)
+    a = obs.after
+    if perturb == "nan_u":
+        e = ring.launch(**kwargs(case, obs.before))
+        r = int(obs.before["initial_state_indices"][0].clamp(min=0))
+        a["u_cache"][r, 0, int(e.slots[0, 1]), 3] = float("nan")
+    elif perturb == "inf_y":
+        obs.output[0, 1, 0, 5] = float("inf")
+    elif perturb == "noise_pool":
+        p = a["initial_state_source"]
+        p += (torch.randn(p.shape, generator=torch.Generator().manual_seed(case.seed)) * 1e-2).to(p.dtype)
+    elif perturb == "no_output":
+        obs = dataclasses.replace(obs, output=None)
+    return obs
+
+
+def _measure_both(case: Case, perturb: str, block_v: int):
+    obs = _observed(case, perturb)
+    kw = kwargs(case, obs.before)
+    want = checks.summed_errors(obs, ring.launch(**kw))
+    got = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
+                               pool_after=obs.after["initial_state_source"], block_v=block_v).sums
+    assert got.shape == want.shape == (case.B, case.HV, 3, 3), (got.shape, want.shape)
+    assert torch.equal(got[..., 2], want[..., 2]), f"non-finite counts differ: {got[..., 2]} vs {want[..., 2]}"
+    err_f, err_s, den_f, den_s = got[..., 0].sqrt(), want[..., 0].sqrt(), got[..., 1].sqrt(), want[..., 1].sqrt()
+    assert torch.equal(torch.isnan(err_f), torch.isnan(err_s)), "NaN sums differ"
+    fin = torch.isfinite(err_s)
+    assert torch.equal(err_f[~fin].isinf(), err_s[~fin].isinf())
+    assert bool(((err_f - err_s).abs()[fin] <= RTOL * den_s[fin] + TINY).all()), (err_f, err_s, den_s)
+    assert bool(((den_f - den_s).abs() <= RTOL * den_s + TINY).all()), (den_f, den_s)
+    return int((want[..., 2] > 0).sum())
+
+
+@hsettings(8)
+@given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)))
+def test_measure_matches_summed_errors(interpreter, case, perturb, block_v):
+    """fused_oracle.measure's sums equal checks.summed_errors of the spec's expectation (bound above), for the
+    reference target's launch and for one planted error in what it left (NaN, inf, noise, no output)."""
+    _events(case)
+    event(f"perturb {perturb}")
+    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v)
+
+
+def test_measure_counts_planted_non_finite(interpreter):
+    """The GPU's tiling (block_v 16): a NaN planted in one u record and an inf in y are each counted once."""
+    case = dataclasses.replace(CASE, rows=(Row(2, 6, 30), Row(0, 16, 3)))
+    assert run_in_interpreter(interpreter, _measure_both, case, "nan_u", fused_oracle.BLOCK_V) == 1
+    assert run_in_interpreter(interpreter, _measure_both, case, "inf_y", fused_oracle.BLOCK_V) == 1
+
+
+VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",
+                   "mutant:pad_rows_write")
+
+
+def _verdicts_both(name: str):
+    """(in the interpreter process) check_launch of one target on two cases, by the spec and by the fused oracle
+    (measure: the comparison in the kernel): the finding signatures and per-row metrics of each."""
+    target = get_target(name)
+    out = {}
+    for oracle in ("spec", "fused"):
+        os.environ[fused_oracle.ENV] = oracle
+        try:
+            res = []
+            for case in (dataclasses.replace(CASE, T=8, flush_min=6), dataclasses.replace(CASE, seed=9)):
+                f = checks.check_launch(target, case)
+                res.append((sorted(x.signature() for x in f), f.metrics))
+            out[oracle] = res
+        finally:
+            del os.environ[fused_oracle.ENV]
+    return out
+
+
+@pytest.mark.parametrize("name", VERDICT_MUTANTS)
+def test_check_launch_verdicts_same_with_measure(interpreter, name):
+    """Property strength unchanged: check_launch gives the same finding signatures with the comparison inside
+    the fused oracle's kernel as with the spec's torch comparison, on the reference target and on CPU mutants
+    whose bugs check_launch reports (M7 fold, M3 window, M6 g, M8 writes); per-row metrics agree to 1e-9."""
+    out = run_in_interpreter(interpreter, _verdicts_both, name)
+    for (sig_s, m_s), (sig_f, m_f) in zip(out["spec"], out["fused"]):
+        assert sig_f == sig_s
+        assert m_f.keys() == m_s.keys()
+        for k in m_s:
+            for g, w in zip(m_f[k], m_s[k]):
+                assert (g is None) == (w is None), (k, g, w)
+                assert g is None or abs(g - w) <= 1e-9 * max(abs(w), 1e-30) or g == w, (k, g, w)
+    if name != "reference":
+        assert any(sig for sig, _ in out["spec"]), f"{name}: neither case gives a finding (the test would be vacuous)"

@@ -42,7 +42,7 @@ import torch
 from gdn_fuzz.properties import hostchecks
 from gdn_fuzz.properties.base import Property, not_exercised, note
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.checks import check_oracle, check_writes, expectation, oracle_metrics
+from gdn_fuzz.checks import check_oracle, check_writes, measure, oracle_metrics
 from gdn_fuzz.findings import BITS_DIFFER, Finding, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, launch_record, raised
 from gdn_fuzz.observation import clone_inputs, observe, same_bits
 from gdn_fuzz.oracles import commit as commits
@@ -259,8 +259,8 @@ def check_extremes(target: Target, case: Case, device="cpu") -> list[Finding]:
     if obs.error is not None:
         return [Finding("extremes.launch", "H*", f"a launch with a + dt_bias ~ {EXTREME_LOGIT:g} raised "
                         f"{type(obs.error).__name__}: {obs.error}", outcome=raised(obs.error), launch=rec)]
-    e = expectation(obs)
-    metrics = oracle_metrics(obs, e)
+    e, sums = measure(obs)
+    metrics = oracle_metrics(obs, e, sums)
     for name in ("y", "u", "g", "fold"):  # v-head 0: the documented non-finite outcome is allowed (N2)
         m = metrics[name]
         m.ratio[:, 0] = torch.where(torch.isinf(m.rel[:, 0]), torch.zeros_like(m.ratio[:, 0]), m.ratio[:, 0])
