@@ -10,10 +10,15 @@ compiles are paid there and reported apart):
                the timed region), synchronized
   materialize  the Case's tensors from its seed (gdn_fuzz.case.materialize)
   oracle       the float64 launch expectation alone (gdn_fuzz.checks.expectation)
+  check        what check_launch does after the launch for a passing one: gdn_fuzz.checks.verdict
+               (the fused oracle with the comparison in its kernel, the metrics, the write-set
+               flags), replayed as a CUDA graph per gdn_fuzz.graphs (--graphs), and its one
+               transfer to the host
   checked      the whole per-example pipeline: materialize from the seed, snapshot, launch,
                oracle, tolerance and write-set checks (gdn_fuzz.checks.check_launch)
 
-overhead = checked / bare.  Prints a table and writes JSON (rewritten after every row, so
+overhead = checked / bare.  --graphs both: each shape measured with GDN_FUZZ_GRAPHS=off and auto
+(one row each; the graph's capture is paid before the timing).  Prints a table and writes JSON (rewritten after every row, so
 a run cut short keeps what it measured).
 
 Campaign throughput (--campaign SECONDS).  A gdn_fuzz.engine.campaign.Campaign of the `launch`
@@ -72,7 +77,7 @@ from pathlib import Path
 
 import torch
 
-from gdn_fuzz import fused_oracle
+from gdn_fuzz import checks, fused_oracle, graphs
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import check_launch, expectation
@@ -127,8 +132,15 @@ def _fused_vs_spec(fused, spec) -> float:
     return worst
 
 
-def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",)):
-    """One shape: bare and materialize once, then oracle and checked per oracle (one row each)."""
+def _check_only(obs):
+    """What check_launch does after observe() for a passing launch: the verdict (a CUDA-graph replay where
+    gdn_fuzz.graphs captures it) and its one transfer to the host."""
+    return graphs.run(checks.verdict, obs).cpu().tolist()
+
+
+def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",), graph_modes=("auto",)):
+    """One shape: bare and materialize once, then oracle, check and checked per oracle and graphs mode (one row
+    each)."""
     case = _case(arm, T, B, H, HV, seed=B * 10 + T, draws=draws)
     compiles0 = target.compile_count(arm)
     t0 = time.perf_counter()
@@ -158,12 +170,19 @@ def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",)
                 agree = _fused_vs_spec(e, spec_e)
         del e
         oracle = _time(lambda: expectation(obs), reps, device)
-        checked = _time(lambda: check_launch(target, case, device), reps, device)
-        rows.append(dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, oracle=used, warmup_s=warm,
-                         compiles=target.compile_count(arm) - compiles0, oracle_warmup_s=oracle_warm,
-                         bare_ms=bare * 1e3, materialize_ms=mat * 1e3, oracle_ms=oracle * 1e3,
-                         checked_ms=checked * 1e3, checked_per_s=1.0 / checked, overhead=checked / bare,
-                         fused_vs_spec=agree))
+        for gmode in graph_modes:
+            os.environ[graphs.ENV] = gmode
+            graphs.reset()
+            for _ in range(graphs.CAPTURE_AT + 1):  # the capture (and the measure variant's JIT) outside the timing
+                _check_only(obs)
+            check = _time(lambda: _check_only(obs), reps, device)
+            checked = _time(lambda: check_launch(target, case, device), reps, device)
+            gs = graphs.stats()
+            rows.append(dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, oracle=used, graphs=gmode, warmup_s=warm,
+                             compiles=target.compile_count(arm) - compiles0, oracle_warmup_s=oracle_warm,
+                             bare_ms=bare * 1e3, materialize_ms=mat * 1e3, oracle_ms=oracle * 1e3,
+                             check_ms=check * 1e3, checked_ms=checked * 1e3, checked_per_s=1.0 / checked,
+                             overhead=checked / bare, fused_vs_spec=agree, graph_stats=gs.as_dict()))
     del obs, spec_e
     return rows
 
@@ -226,8 +245,10 @@ def _triton_version():
 def run_table(args, target):
     rows = []
     oracles = ("spec", "fused") if args.oracle == "both" else (args.oracle,)
-    print(f"{'arm':20s} {'T':>2s} {'B':>4s} {'oracle':>6s} {'bare ms':>9s} {'mat. ms':>9s} {'oracle ms':>10s} "
-          f"{'checked ms':>11s} {'checked/s':>10s} {'overhead':>9s} {'warm-up s':>9s} {'JIT':>3s} {'vs spec':>8s}")
+    graph_modes = ("off", "auto") if args.graphs == "both" else (args.graphs,)
+    print(f"{'arm':20s} {'T':>2s} {'B':>4s} {'oracle':>6s} {'graphs':>6s} {'bare ms':>9s} {'mat. ms':>9s} "
+          f"{'oracle ms':>10s} {'check ms':>9s} {'checked ms':>11s} {'checked/s':>10s} {'overhead':>9s} "
+          f"{'warm-up s':>9s} {'JIT':>3s} {'vs spec':>8s}")
     t_start = time.monotonic()
     for arm in args.arms:
         for T in args.T:
@@ -235,12 +256,14 @@ def run_table(args, target):
                 if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
                     print(f"(stopped: --max-seconds {args.max_seconds} spent)")
                     return rows
-                for r in bench(target, arm, T, B, args.H, args.HV, args.device, args.reps, args.draws, oracles):
+                for r in bench(target, arm, T, B, args.H, args.HV, args.device, args.reps, args.draws, oracles,
+                               graph_modes):
                     rows.append(r)
                     agree = "" if r["fused_vs_spec"] is None else f"{r['fused_vs_spec']:8.1e}"
-                    print(f"{arm:20s} {T:2d} {B:4d} {r['oracle']:>6s} {r['bare_ms']:9.2f} {r['materialize_ms']:9.2f} "
-                          f"{r['oracle_ms']:10.2f} {r['checked_ms']:11.2f} {r['checked_per_s']:10.1f} "
-                          f"{r['overhead']:8.1f}x {r['warmup_s']:9.2f} {r['compiles']:3d} {agree:>8s}", flush=True)
+                    print(f"{arm:20s} {T:2d} {B:4d} {r['oracle']:>6s} {r['graphs']:>6s} {r['bare_ms']:9.2f} "
+                          f"{r['materialize_ms']:9.2f} {r['oracle_ms']:10.2f} {r['check_ms']:9.2f} "
+                          f"{r['checked_ms']:11.2f} {r['checked_per_s']:10.1f} {r['overhead']:8.1f}x "
+                          f"{r['warmup_s']:9.2f} {r['compiles']:3d} {agree:>8s}", flush=True)
                 if args.json:
                     with open(args.json, "w") as fh:
                         json.dump(dict(meta=_meta(args, target), rows=rows), fh, indent=1)
@@ -285,11 +308,12 @@ def run_campaign(args, target):
     rec = dict(meta=_meta(args, target), geometries=[list(g) for g in geoms], buckets=list(buckets),
                seconds=s.elapsed, examples=s.examples, launches=s.launches, launches_per_s=s.launches / s.elapsed,
                rounds=s.rounds, compiles_measured=s.compiles, warmup_s=s.warmup_s,
-               warmup_compiles=s.warmup_compiles, findings=[str(f) for cf in camp.findings.values()
-                                                            for f in cf.findings])
+               warmup_compiles=s.warmup_compiles, graphs=graphs.stats().as_dict(),
+               findings=[str(f) for cf in camp.findings.values() for f in cf.findings])
     print(f"campaign: {s.launches} checked launches in {s.elapsed:.1f}s of campaign time "
           f"({rec['launches_per_s']:.1f}/s; {s.launches * 30 / s.elapsed:.0f} per 30 s), {s.rounds} rounds, "
-          f"{s.compiles} JIT compiles during the measured time, {len(camp.findings)} distinct findings", flush=True)
+          f"{s.compiles} JIT compiles during the measured time, {len(camp.findings)} distinct findings; "
+          f"graphs: {rec['graphs']}", flush=True)
     for f in rec["findings"]:
         print("  finding:", f)
     if args.compare_draws:  # same process: every shape is compiled already
@@ -382,8 +406,15 @@ def main(argv=None):
     ap.add_argument("--oracle", choices=("auto", "spec", "fused", "both"), default="auto",
                     help="the float64 oracle of checks.expectation (GDN_FUZZ_ORACLE for the run); both: table mode "
                          "only, every shape with each (default auto: fused on a CUDA device where triton imports)")
+    ap.add_argument("--graphs", choices=("auto", "off", "both"), default="auto",
+                    help="GDN_FUZZ_GRAPHS for the run: auto (default: the check replayed as a CUDA graph on CUDA), off "
+                         "(eager); both: table mode only, every shape with each")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.graphs == "both" and (args.campaign or args.product):
+        ap.error("--graphs both measures the per-shape table; campaign and product modes take one mode")
+    if args.graphs != "both":
+        os.environ[graphs.ENV] = args.graphs  # reaches --product's processes too
     if args.oracle == "both" and (args.campaign or args.product):
         ap.error("--oracle both measures the per-shape table; campaign and product modes take one oracle")
     for name in ("spec", "fused") if args.oracle == "both" else (args.oracle,):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gdn_fuzz import fused_oracle
+from gdn_fuzz import fused_oracle, graphs
 from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
@@ -55,9 +55,10 @@ def _check_case_cursors(case: Case) -> None:
     ring_oracle.check_cursors(torch.tensor([r.slot for r in case.rows]), torch.tensor([r.hist_len for r in case.rows]))
 
 
-def _oracle_inputs(obs: Observation) -> dict:
+def _oracle_inputs(obs: Observation, flush_min=None) -> dict:
     """The oracle's keywords for the observed launch (from its "before"); the cursors of a launch materialized
-    from its Case are validated from the Case's rows, not on the device."""
+    from its Case are validated from the Case's rows, not on the device.  flush_min: the case's (default), or
+    the same number as a 0-d device tensor (gdn_fuzz.graphs: data, not a constant of the graph)."""
     b, case = obs.before, obs.case
     validate = not obs.from_case
     if obs.from_case:
@@ -66,7 +67,8 @@ def _oracle_inputs(obs: Observation) -> dict:
         q=b["q"], k=b["k"], v=b["v"], a=b["a"], b=b["b"], A_log=b["A_log"], dt_bias=b["dt_bias"],
         pool=b["initial_state_source"], idx=b["initial_state_indices"], k_cache=b["k_cache"],
         u_cache=b["u_cache"], g_cache=b["g_cache"], hist_len=b["hist_len"], cache_base=b["cache_base"],
-        flush_min=case.fmin, scale=b.get("scale") or 1.0 / (case.K ** 0.5), validate=validate)
+        flush_min=case.fmin if flush_min is None else flush_min, scale=b.get("scale") or 1.0 / (case.K ** 0.5),
+        validate=validate)
 
 
 def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
@@ -96,26 +98,27 @@ def summed_errors(obs: Observation, e: ring_oracle.LaunchExpectation) -> torch.T
     return torch.stack([y, u, fold], 2)
 
 
-def measure(obs: Observation):
+def measure(obs: Observation, flush_min=None):
     """(expectation, sums) of the observed launch: the fused oracle's kernel compares the launch as it computes
     the expectation where GDN_FUZZ_ORACLE picks it (fused_oracle.measure: a Measured, no [V, K] tensor built);
     else the spec's whole LaunchExpectation and summed_errors of it.  Either way sums is [B, HV, 3, 3] and the
     expectation has the fields oracle_metrics and check_oracle read (k_app, g_app, g_mag, slots, flush, pad)."""
     a = obs.after
     if fused_oracle.oracle_for(obs.before["q"].device) is fused_oracle.launch:
-        m = fused_oracle.measure(**_oracle_inputs(obs), y_out=obs.output, u_after=a["u_cache"],
+        m = fused_oracle.measure(**_oracle_inputs(obs, flush_min), y_out=obs.output, u_after=a["u_cache"],
                                  pool_after=a["initial_state_source"])
         return m, m.sums
-    e = expectation(obs)
+    e = fused_oracle.oracle_for(obs.before["q"].device)(**_oracle_inputs(obs, flush_min))
     return e, summed_errors(obs, e)
 
 
 def prepare_oracle(device: str, arms, Ts) -> int:
-    """Compile the oracle's kernels for `device` now (the fused oracle's Triton kernel: per T and arm
-    dtypes, its expectation variant and the measure variant check_launch uses; nothing for the spec), so
-    that no check pays that compile.  An isolated worker does this before it reports ready: a check's time
-    is the target's (a hang timeout of 2 s once turned the first check's compile into a false hang).
-    Returns the (arm, T) pairs run."""
+    """Compile the oracle's kernel for `device` now (the fused oracle's Triton kernel, per T and arm dtypes:
+    the measure variant, which check_launch and check_oracle use; nothing for the spec), so that no check
+    pays that compile.  An isolated worker does this before it reports ready: a check's time is the
+    target's (a hang timeout of 2 s once turned the first check's compile into a false hang).  The variant
+    that writes the whole expectation (expectation(): the sibling property and the studies) compiles at its
+    first use.  Returns the (arm, T) pairs run."""
     if fused_oracle.oracle_for(device) is ring_oracle.launch:
         return 0
     n = 0
@@ -125,7 +128,6 @@ def prepare_oracle(device: str, arms, Ts) -> int:
             inputs = materialize(case, device)
             obs = Observation(case=case, before=inputs, after=inputs, output=torch.zeros_like(inputs["v"]),
                               from_case=True)  # y has v's shape and IO dtype
-            expectation(obs)
             measure(obs)
             n += 1
     return n
@@ -164,24 +166,31 @@ class MetricSummary:
     live: list  # [B] bool
 
 
-def summarize(metrics: dict[str, Metric]) -> dict[str, MetricSummary]:
-    """Every metric's verdict in ONE device-to-host transfer (a few floats per row)."""
-    parts, sizes = [], []
-    for m in metrics.values():
-        part = torch.cat([_worst_on_device(m.ratio, m.rel, m.live), m.rel.double().amax(1), m.live.double()])
-        parts.append(part)
-        sizes.append(m.rel.shape)
-    if not parts:
-        return {}
-    flat = torch.cat(parts).cpu().tolist()
+def summary_tensor(metrics: dict[str, Metric]) -> torch.Tensor:
+    """Every metric's verdict as one float64 device tensor: per metric [flat index, ratio, rel, any live] of its
+    worst live (row, head), then the worst rel per row [B] and the live rows [B]; summarize() reads it back."""
+    parts = [torch.cat([_worst_on_device(m.ratio, m.rel, m.live), m.rel.double().amax(1), m.live.double()])
+             for m in metrics.values()]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def read_summary(flat: list, shapes: dict[str, tuple]) -> dict[str, MetricSummary]:
+    """summary_tensor's values on the host (a list), per metric name and its [B, X] shape, in order."""
     out, i = {}, 0
-    for (name, m), (B, X) in zip(metrics.items(), sizes):
+    for name, (B, X) in shapes.items():
         f, ratio, rel, any_live = flat[i:i + 4]
         r, h = divmod(int(f), X)
         out[name] = MetricSummary(r, h, ratio, rel, bool(any_live), flat[i + 4:i + 4 + B],
                                   [bool(x) for x in flat[i + 4 + B:i + 4 + 2 * B]])
         i += 4 + 2 * B
     return out
+
+
+def summarize(metrics: dict[str, Metric]) -> dict[str, MetricSummary]:
+    """Every metric's verdict in ONE device-to-host transfer (a few floats per row)."""
+    if not metrics:
+        return {}
+    return read_summary(summary_tensor(metrics).cpu().tolist(), {n: tuple(m.rel.shape) for n, m in metrics.items()})
 
 
 CLAUSES = {"y": "M4", "k": "M5", "u": "M5", "g": "M6", "fold": "M7"}
@@ -302,12 +311,16 @@ def _tol_reason(t) -> str:
     return (parts[1] if len(parts) > 1 else parts[0]).replace("torch.", "").strip()
 
 
-def check_writes(obs: Observation) -> list[Finding]:
-    """M8/R2: bits outside the write set are unchanged; read-only inputs are unchanged."""
+def _writes(obs: Observation, flush_min=None):
+    """check_writes' device half: (the ring and pool buffers as (name, mask, clause), the changed-outside masks,
+    the rows compared (None: all), the read-only inputs and cursors compared, and the flags [changed outside
+    per buffer] + [modified per input and cursor] as one bool device tensor).  The pool size is the tensors':
+    gdn_fuzz.graphs pads the pool-indexed buffers of a graph (rows no launch reads or writes, equal before and
+    after); flush_min as in _oracle_inputs."""
     case, b, a = obs.case, obs.before, obs.after
-    ws = ring_oracle.write_set(pool_size=case.pool, H=case.H, HV=case.HV, T=case.T,
+    ws = ring_oracle.write_set(pool_size=b["initial_state_source"].shape[0], H=case.H, HV=case.HV, T=case.T,
                                idx=b["initial_state_indices"], hist_len=b["hist_len"],
-                               cache_base=b["cache_base"], flush_min=case.fmin)
+                               cache_base=b["cache_base"], flush_min=case.fmin if flush_min is None else flush_min)
     masks = (("initial_state_source", ws.pool[..., None, None], "M8"),
              ("k_cache", ws.k_ring[..., None], "M5"),
              ("u_cache", ws.u_ring[..., None], "M5"),
@@ -322,7 +335,14 @@ def check_writes(obs: Observation) -> list[Finding]:
                else ~same_bits(b[name][r], a[name][r]) & ~mask[r.to(mask.device)]
                for (name, mask, _), r in zip(masks, rows)]
     flags = torch.stack([c.any() for c in changed]
-                        + [~same_bits(b[n], a[n]).all() for n in read_only + list(cursors)]).tolist()
+                        + [~same_bits(b[n], a[n]).all() for n in read_only + list(cursors)])
+    return masks, changed, rows, read_only, cursors, flags
+
+
+def check_writes(obs: Observation) -> list[Finding]:
+    """M8/R2: bits outside the write set are unchanged; read-only inputs are unchanged."""
+    masks, changed, rows, read_only, cursors, flags = _writes(obs)
+    flags = flags.tolist()
     findings = []
     for (name, _, clause), c, r, bad in zip(masks, changed, rows, flags):
         if bad:
@@ -367,14 +387,37 @@ def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
             torch.cuda.empty_cache()
 
 
+def verdict(obs: Observation, flush_min=None) -> torch.Tensor:
+    """check_launch's device half, one float64 tensor on the inputs' device: summary_tensor of the oracle
+    metrics, then the write-set flags of check_writes.  A pure function of obs's tensors (and of the case's
+    arm, scale and cursor mode), with no host round trip for a launch materialized from its Case: what
+    gdn_fuzz.graphs captures as a CUDA graph.  flush_min as in _oracle_inputs."""
+    e, sums = measure(obs, flush_min)
+    return torch.cat([summary_tensor(oracle_metrics(obs, e, sums)), _writes(obs, flush_min)[-1].double()])
+
+
+def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
+    """The layout of verdict(obs): the metrics' names and [B, X] shapes in order, and the number of write flags."""
+    case = obs.case
+    shapes = {n: (case.B, case.H if n == "k" else case.HV) for n in ("y", "k", "u", "g", "fold")
+              if n != "y" or obs.output is not None}
+    read_only = [n for n in READ_ONLY if isinstance(obs.before.get(n), torch.Tensor)]
+    return shapes, 4 + len(read_only) + (0 if case.restart_hist_on_flush else 2)
+
+
 def _check_launch(target: Target, case: Case, device: str) -> Findings:
     obs = observe(target, case, device)
     if obs.error is not None:
         return attach(Findings(check_oracle(obs)), launch_record(case))
-    e, sums = measure(obs)
-    metrics = oracle_metrics(obs, e, sums)
-    summary = summarize(metrics)  # the one oracle transfer of this launch
-    res = Findings(check_oracle(obs, e, metrics, summary) + check_writes(obs))
-    res.metrics = row_metrics(metrics, summary)
+    shapes, n_flags = verdict_shapes(obs)
+    flat = graphs.run(verdict, obs).cpu().tolist()  # the one transfer of a passing launch
+    summary = read_summary(flat, shapes)
+    passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
+        sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())
+    if passed:
+        res = Findings([])
+    else:  # the evidence, eagerly: check_oracle reads the flush rows, check_writes finds where a write landed
+        e, _ = measure(obs)
+        res = Findings(check_oracle(obs, e, summary=summary) + check_writes(obs))
+    res.metrics = row_metrics({}, summary)
     return attach(res, launch_record(case))
-

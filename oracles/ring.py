@@ -148,8 +148,8 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
 def appends(g, GP, k_hat, H: int, idx, hist_len, cache_base, flush_min: int) -> dict:
     """M5/M6: what a launch appends besides the updates, and which rows flush (no state involved).
 
-    g [B, T, HV] log-decays, GP [B, HV] anchors, k_hat [B, T, HV, K].  Returns the k_app, g_app,
-    g_mag, slots, flush and pad fields of LaunchExpectation.
+    g [B, T, HV] log-decays, GP [B, HV] anchors, k_hat [B, T, HV, K]; flush_min an int or a 0-d tensor on
+    the cursors' device.  Returns the k_app, g_app, g_mag, slots, flush and pad fields of LaunchExpectation.
     """
     B, T, HV, _ = k_hat.shape
     pad = idx.long() < 0
@@ -181,7 +181,8 @@ class WriteSet:
 
 def write_set(*, pool_size: int, H: int, HV: int, T: int, idx, hist_len, cache_base,
               flush_min: int) -> WriteSet:
-    """M8: non-pad rows write output rows and T append slots; flush rows also write pool[idx]."""
+    """M8: non-pad rows write output rows and T append slots; flush rows also write pool[idx].
+    flush_min: an int or a 0-d tensor on idx's device."""
     dev = idx.device
     live = idx.long() >= 0
     # pad rows write nothing: they are routed to a spare row `pool_size` that is dropped

@@ -379,11 +379,11 @@ def test_prepare_oracle_runs_the_fused_kernel_per_arm_and_T(interpreter, monkeyp
 PERTURB = ("none", "nan_u", "inf_y", "noise_pool", "no_output")
 
 
-def _observed(case: Case, perturb: str):
+def _observed(case: Case, perturb: str, device: str = "cpu"):
     """(in the interpreter process) the reference target's launch of the case, then one perturbation of what it
     left: a NaN in one appended u record, an inf in y, noise on the pool (every row: flush rows' folds among
     them), or no output (y not compared)."""
-    obs = observe(get_target("reference"), case)
+    obs = observe(get_target("reference"), case, device)
     a = obs.after
     if perturb == "nan_u":
         e = ring.launch(**kwargs(case, obs.before))
@@ -393,14 +393,14 @@ def _observed(case: Case, perturb: str):
         obs.output[0, 1, 0, 5] = float("inf")
     elif perturb == "noise_pool":
         p = a["initial_state_source"]
-        p += (torch.randn(p.shape, generator=torch.Generator().manual_seed(case.seed)) * 1e-2).to(p.dtype)
+        p += (torch.randn(p.shape, generator=torch.Generator().manual_seed(case.seed)) * 1e-2).to(p)
     elif perturb == "no_output":
         obs = dataclasses.replace(obs, output=None)
     return obs
 
 
-def _measure_both(case: Case, perturb: str, block_v: int):
-    obs = _observed(case, perturb)
+def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu"):
+    obs = _observed(case, perturb, device)
     kw = kwargs(case, obs.before)
     want = checks.summed_errors(obs, ring.launch(**kw))
     got = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
@@ -431,6 +431,17 @@ def test_measure_counts_planted_non_finite(interpreter):
     case = dataclasses.replace(CASE, rows=(Row(2, 6, 30), Row(0, 16, 3)))
     assert run_in_interpreter(interpreter, _measure_both, case, "nan_u", fused_oracle.BLOCK_V) == 1
     assert run_in_interpreter(interpreter, _measure_both, case, "inf_y", fused_oracle.BLOCK_V) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the compiled kernel (the tests "
+                    "above run it in Triton's interpreter)")
+@pytest.mark.parametrize("perturb", PERTURB)
+def test_measure_on_cuda_matches_summed_errors(perturb):
+    """The compiled kernel (the GPU's tiling): the same sums as summed_errors, non-finite values counted."""
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, seed=3, draws="cuda", regime=Regime(poison=True),
+                rows=(Row(3, 16, 20), Row(0, 9, 30), Row(2, 5, 29)))
+    n = _measure_both(case, perturb, fused_oracle.BLOCK_V, "cuda")
+    assert n == (1 if perturb in ("nan_u", "inf_y") else 0)
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",

@@ -10,6 +10,10 @@
 # Issue 31 (the prefix materializer): steps pmsuite (tests/test_materialize.py on CUDA), pmdecode (the PMM5
 # differential, gdn_fuzz.studies.prefix_decode), pmmutants (`gdn-fuzz mutants --base materialize`), pmcampaign,
 # pmserve (tests/test_prefix_serving.py: the prefix cache in the serving harness).
+# Issue 32 (the check on the device): g32tests (tests/test_graphs.py and the CUDA tests of the fused oracle's
+# measure), g32table / g32camp / g32product (benchmarks/throughput.py's per-shape table, in-process campaign and
+# product command, this tree and, with BASE_TAR=.gpu/base.tar (`git archive BASE -o .gpu/base.tar`), the base
+# tree side by side), g32replay (the corpus replayed by both trees), g32mutants (the production mutant catalogue).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -115,6 +119,49 @@ for step in "$@"; do
           --no-corpus --json "$R/grace-$m.json" > "$R/grace-$m.txt" 2>&1
         echo "editgrace $m rc=$?"
       done ;;
+    g32tests)
+      # issue 32: the comparison in the fused oracle's kernel and the CUDA-graph replay of the check, on the GPU
+      need_bundle
+      timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py -p no:cacheprovider -q -rfEsx \
+        -k "cuda or graph or replay or same_with or static or eager or key" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
+    g32table|g32camp|g32product)
+      # issue 32: this tree and the base tree (BASE_TAR, unpacked to /tmp/base) side by side in one run
+      need_bundle
+      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      common="--target production --device cuda --arms bf16"
+      case "$step" in
+        g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws device --reps ${REPS:-5}"; new_args="--graphs both" ;;
+        g32camp) args="$common --campaign ${CAMP_S:-15} --draws device"; new_args="" ;;
+        g32product) args="$common --product ${PRODUCT_S:-30} --processes ${PROCS:-1 8}"; new_args="" ;;
+      esac
+      timeout 560 python3 benchmarks/throughput.py $args $new_args --json "$R/$step-new.json" > "$R/$step-new.txt" 2>&1
+      echo "$step new rc=$?"; tail -n 6 "$R/$step-new.txt" | cut -c1-240
+      if [ "$step" = g32camp ]; then
+        GDN_FUZZ_GRAPHS=off timeout 300 python3 benchmarks/throughput.py $args --graphs off --json "$R/$step-off.json" \
+          > "$R/$step-off.txt" 2>&1
+        echo "$step off rc=$?"; tail -n 3 "$R/$step-off.txt" | cut -c1-240
+      fi
+      if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then
+        (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 560 python3 \
+          benchmarks/throughput.py $args --json "$R/$step-base.json") > "$R/$step-base.txt" 2>&1
+        echo "$step base rc=$?"; tail -n 4 "$R/$step-base.txt" | cut -c1-240
+      fi ;;
+    g32replay)
+      need_bundle
+      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      rm -rf "$R/corpus-new" && cp -r corpus "$R/corpus-new"
+      timeout 250 gdn-fuzz replay --device cuda "$R/corpus-new" > "$R/$step-new.txt" 2>&1; echo "$step new rc=$?"
+      if [ -d /tmp/base/gdn_fuzz ]; then
+        rm -rf "$R/corpus-base" && cp -r corpus "$R/corpus-base"
+        (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 250 python3 -m \
+          gdn_fuzz.cli replay --device cuda "$R/corpus-base") > "$R/$step-base.txt" 2>&1; echo "$step base rc=$?"
+      fi ;;
+    g32mutants)
+      need_bundle
+      timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \
+        > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
     pack)
       # the device returns a few files per call: everything under $R in one archive
       tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$R" && ls -l "$OUT" ;;

@@ -1,0 +1,164 @@
+"""check_launch's device half replayed as a CUDA graph (gdn_fuzz.graphs, issue 32).
+
+On CUDA: a replay gives the eager verdict's bits on every case of a captured key (a graph reads the
+static copies of the observation, so a stale pointer or a baked-in value of the first case would show
+as a difference on the next ones), and check_launch reports the same findings and metrics with graphs
+on and off, on the reference target and on mutants whose bugs it finds.  On a CPU: the choice of
+GDN_FUZZ_GRAPHS is validated, and run() is eager (nothing to capture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gdn_fuzz import checks, graphs
+from gdn_fuzz.case import Case, Regime, Row
+from gdn_fuzz.observation import observe
+from gdn_fuzz.targets import get_target
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (gdn_fuzz.graphs "
+                          "captures only there; on a CPU check_launch runs eagerly, which the other tests cover)")
+
+# one key: fixed arm, T, geometry, pool, flush_min; the rows (slots, windows, cursors), seeds and regimes vary
+ROWS = st.lists(st.tuples(st.integers(0, 16), st.integers(0, 31)), min_size=3, max_size=3)
+
+
+@st.composite
+def same_key_cases(draw):
+    """One key (graphs.key): the pool (3..12 rows: one padded key), flush_min (legal for T = 4: 1..13), rows,
+    seeds and poison vary."""
+    pool = draw(st.integers(3, 12))
+    slots = draw(st.permutations(range(pool)))[:3]
+    rows = tuple(Row(s, p, c) for s, (p, c) in zip(slots, draw(ROWS)))
+    if draw(st.booleans()):
+        rows = (Row(-1, draw(st.integers(0, 16)), 0),) + rows[1:]
+    return Case(arm="bf16", T=4, H=2, HV=4, pool=pool, flush_min=draw(st.integers(1, 13)), rows=rows,
+                seed=draw(st.integers(0, 2**31 - 1)), draws="cuda", regime=Regime(poison=draw(st.booleans())))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int64)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setenv(graphs.ENV, "auto")
+    graphs.reset()
+    yield
+    graphs.reset()
+
+
+@cuda
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=same_key_cases(), name=st.sampled_from(("reference", "mutant:fold_skipped", "mutant:pad_rows_write")))
+def test_replay_gives_the_eager_bits(fresh, case, name):
+    """graphs.run(checks.verdict, obs) equals checks.verdict(obs), bit for bit, whether the key's graph was just
+    captured, replayed with another case's tensors (another pool size and flush_min: the padded rows and the
+    flush_min tensor), or not yet captured (first sighting)."""
+    obs = observe(get_target(name), case, "cuda")
+    assert obs.error is None, obs.error
+    want = checks.verdict(obs).clone()
+    for _ in range(graphs.CAPTURE_AT + 1):
+        got = graphs.run(checks.verdict, obs)
+        assert torch.equal(bits(got), bits(want)), (got - want).abs().max()
+    s = graphs.stats()
+    assert not s.failed, s.failed
+    assert s.replays >= 1
+
+
+@cuda
+def test_a_graph_replays_for_the_next_case(fresh):
+    """One key, many cases: after the capture every check is a replay (no new capture), and each replay gives
+    that case's eager verdict (a graph that kept its first case's values would fail here).  The pools shrink
+    from 12 rows to 4 after launches that wrote rows 11 and 9 (flush rows): rows past a pool must read as
+    unchanged, not as the previous launch's writes."""
+    target = get_target("reference")
+    base = Case(arm="bf16", T=4, H=2, HV=4, pool=12, flush_min=9, draws="cuda",
+                rows=(Row(11, 16, 20), Row(0, 9, 30), Row(3, 3, 1)), seed=0)
+    for seed, (pool, top) in enumerate(((12, 11), (12, 9), (10, 9), (4, 2), (4, 2), (6, 5))):
+        case = dataclasses.replace(base, seed=seed, pool=pool, rows=(Row(top, 16, 20),) + base.rows[1:])
+        obs = observe(target, case, "cuda")
+        want = checks.verdict(obs).clone()
+        assert torch.equal(bits(graphs.run(checks.verdict, obs)), bits(want))
+    s = graphs.stats()
+    assert (s.captures, s.replays, s.eager) == (1, 6 - graphs.CAPTURE_AT + 1, graphs.CAPTURE_AT - 1), s
+
+
+@cuda
+@pytest.mark.parametrize("name", ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one",
+                                  "mutant:no_local_g_restart", "mutant:pad_rows_write"))
+def test_check_launch_same_with_and_without_graphs(fresh, monkeypatch, name):
+    """Property strength unchanged: check_launch's findings and per-row metrics are the same with the check
+    replayed from a graph (auto) and run eagerly (off)."""
+    target = get_target(name)
+    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws="cuda", seed=s,
+                  rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)))
+             for fm in (9, 3) for s in range(3)]
+
+    def run_all():
+        out = []
+        for c in cases:
+            f = checks.check_launch(target, c, "cuda")
+            out.append(([str(x) for x in f], f.metrics))
+        return out
+
+    monkeypatch.setenv(graphs.ENV, "off")
+    eager = run_all()
+    monkeypatch.setenv(graphs.ENV, "auto")
+    graphed = run_all()
+    assert graphed == eager
+    assert graphs.stats().replays >= 2
+    if name != "reference":
+        assert any(f for f, _ in eager), f"{name}: no finding on these cases (the test would be vacuous)"
+
+
+@settings(max_examples=6, deadline=None)
+@given(cases=st.lists(same_key_cases(), min_size=2, max_size=3))
+def test_static_copies_give_the_eager_bits(cases):
+    """On any device: a graph's static copies (pool-indexed buffers padded to graphs.pool_rows, flush_min as a
+    0-d tensor, rows past a smaller pool zeroed again), with the verdict run on them eagerly (no capture), give
+    each case's own verdict bit for bit -- the padding and the flush_min tensor change nothing.  On CUDA the
+    tests above add the capture."""
+    target = get_target("reference")
+    cases = [dataclasses.replace(c, draws="cpu") for c in cases]
+    obs = [observe(target, c) for c in cases]
+    g = graphs._Graph(checks.verdict, obs[0], capture=False)
+    for o in obs:
+        assert graphs.key(o) == graphs.key(obs[0])
+        assert torch.equal(bits(g.run(o)), bits(checks.verdict(o)))
+
+
+def test_graphs_choice_is_validated(monkeypatch):
+    monkeypatch.setenv(graphs.ENV, "sometimes")
+    with pytest.raises(ValueError, match="GDN_FUZZ_GRAPHS='sometimes'.*auto, off"):
+        graphs.choice()
+
+
+def test_on_cpu_the_verdict_is_eager(fresh):
+    """Nothing is captured for CPU tensors: run() calls the function and counts an eager run."""
+    case = Case(arm="bf16", T=4, H=1, HV=2, pool=3, seed=5, rows=(Row(2, 6, 30), Row(0, 16, 3)))
+    obs = observe(get_target("reference"), case)
+    for _ in range(3):
+        assert torch.equal(bits(graphs.run(checks.verdict, obs)), bits(checks.verdict(obs)))
+    assert (graphs.stats().eager, graphs.stats().replays, graphs.stats().captures) == (3, 0, 0)
+
+
+def test_the_key_holds_what_the_verdict_reads():
+    """Another arm, cursor mode or output presence gives another key (the graph bakes those in); another seed,
+    flush_min (a tensor of the graph) or pool size up to 16 rows (padded) the same key; a pool of 17 another."""
+    case = Case(arm="bf16", T=4, H=1, HV=2, pool=3, seed=5, rows=(Row(2, 6, 30), Row(0, 16, 3)))
+    obs = observe(get_target("reference"), case)
+    k = graphs.key(obs)
+    for same in (dataclasses.replace(case, seed=6), dataclasses.replace(case, flush_min=3),
+                 dataclasses.replace(case, pool=16)):
+        assert graphs.key(observe(get_target("reference"), same)) == k, same
+    assert graphs.key(observe(get_target("reference"), dataclasses.replace(case, pool=17))) != k
+    assert graphs.key(dataclasses.replace(obs, case=dataclasses.replace(case, restart_hist_on_flush=True))) != k
+    assert graphs.key(dataclasses.replace(obs, output=None)) != k
+    fp16 = observe(get_target("reference"), dataclasses.replace(case, arm="fp16"))
+    assert graphs.key(fp16) != k
