@@ -31,9 +31,8 @@ def _worst_on_device(ratio: torch.Tensor, rel: torch.Tensor, live_rows: torch.Te
     on the metrics' device (no host round trip).  ratio, rel [B, X]; live_rows [B]."""
     m = torch.where(live_rows[:, None], torch.nan_to_num(ratio.double(), nan=float("inf")),
                     torch.full_like(ratio, -1.0, dtype=torch.float64))
-    flat = torch.argmax(m)
-    return torch.stack([flat.double(), m.flatten()[flat], rel.double().flatten()[flat],
-                        live_rows.any().double()])
+    flat = torch.argmax(m).reshape(1)  # take(), not [flat]: indexing by a tensor would read it on the host
+    return torch.cat([flat.double(), m.take(flat), rel.double().take(flat), live_rows.any().double().reshape(1)])
 
 
 def _worst(metric: torch.Tensor, live_rows: torch.Tensor):

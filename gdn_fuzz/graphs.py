@@ -32,9 +32,12 @@ times both.  tests/test_graphs.py checks that a replay gives the eager verdict's
 from __future__ import annotations
 
 import os
+import sys
 import time
+import traceback
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -199,7 +202,14 @@ def run(fn, obs) -> torch.Tensor:
         try:
             g = _Graph(fn, obs)
         except Exception as e:  # not capturable here: this key stays eager; the check itself is unaffected
-            _STATS.failed[k] = f"{type(e).__name__}: {e}"[:300]
+            where = [f for f in traceback.extract_tb(e.__traceback__) if "gdn_fuzz" in f.filename or
+                     "oracles" in f.filename]
+            at = f" at {Path(where[-1].filename).name}:{where[-1].lineno} ({where[-1].name})" if where else ""
+            why = f"{type(e).__name__}{at}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            if not _STATS.failed:
+                print(f"gdn-fuzz: a CUDA graph of the check could not be captured ({why}); checks of that shape run "
+                      f"eagerly (same results, slower; {ENV}=off silences this)", file=sys.stderr)
+            _STATS.failed[k] = why
             torch.cuda.synchronize()
             return _eager(fn, obs)
         _STATS.captures += 1

@@ -190,12 +190,13 @@ def write_set(*, pool_size: int, H: int, HV: int, T: int, idx, hist_len, cache_b
     rows = torch.where(live, idx.long(), torch.full_like(idx.long(), pool_size))
     slots = ring_slots(cache_base, 0, T) + hist_len.long()[:, None]
     slots = slots & RING_MASK  # [B, T]
+    true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `= True` would copy it from the host
     ring = torch.zeros(pool_size + 1, RING_SLOTS, dtype=torch.bool, device=dev)
-    ring[rows[:, None].expand_as(slots), slots] = True
+    ring.index_put_((rows[:, None].expand_as(slots), slots), true)
     ring = ring[:pool_size]
     flush = live & (hist_len.long() >= flush_min)
     pool = torch.zeros(pool_size + 1, HV, dtype=torch.bool, device=dev)
-    pool[torch.where(flush, rows, torch.full_like(rows, pool_size))] = True
+    pool.index_put_((torch.where(flush, rows, torch.full_like(rows, pool_size)),), true)
     pool = pool[:pool_size]
     return WriteSet(pool=pool,
                     k_ring=ring[:, None, :].expand(pool_size, H, RING_SLOTS).clone(),

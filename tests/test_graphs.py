@@ -10,11 +10,13 @@ GDN_FUZZ_GRAPHS is validated, and run() is eager (nothing to capture).
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gdn_fuzz import checks, graphs
 from gdn_fuzz.case import Case, Regime, Row
@@ -131,6 +133,40 @@ def test_static_copies_give_the_eager_bits(cases):
     for o in obs:
         assert graphs.key(o) == graphs.key(obs[0])
         assert torch.equal(bits(g.run(o)), bits(checks.verdict(o)))
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the ops that read a tensor's value on the host (.item(), bool(), indexing by a tensor, nonzero) or
+    make a tensor from Python data (torch.tensor, `t[i] = True`: a host-to-device copy on a GPU), with the
+    innermost gdn_fuzz / oracles frame that asked."""
+
+    WATCH = ("aten._local_scalar_dense.default", "aten.lift_fresh.default", "aten.nonzero.default",
+             "aten.item.default", "aten.masked_select.default")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.WATCH:
+            frames = [f for f in traceback.extract_stack() if "/gdn_fuzz/" in f.filename or "/oracles/" in f.filename]
+            self.seen.append((str(func), frames[-1].name if frames else "?"))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_verdict_reads_nothing_on_the_host():
+    """What makes checks.verdict capturable (and keeps an eager check from waiting for the GPU): no op in it reads
+    a device value on the host or copies Python data to the device.  The one exception is the cursor check of a
+    launch materialized from its Case, which reads CPU tensors made from the Case's rows (graphs.run calls it
+    before each replay).  Run on the CPU, where every tensor is a CPU tensor: each watched op is a failure
+    unless it is that check."""
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)),
+                seed=0)
+    obs = observe(get_target("reference"), case)
+    with _HostReads() as reads:
+        checks.verdict(obs)
+    assert {where for _, where in reads.seen} <= {"_check_case_cursors", "check_cursors"}, reads.seen
+    assert reads.seen, "the cursor check was not seen: the watch list does not see what it should"
 
 
 def test_graphs_choice_is_validated(monkeypatch):

@@ -131,7 +131,8 @@ for step in "$@"; do
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       common="--target production --device cuda --arms bf16"
       case "$step" in
-        g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws device --reps ${REPS:-5}"; new_args="--graphs both" ;;
+        g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws device --reps ${REPS:-5} ${PROFILE:+--profile $PROFILE}"
+          new_args="--graphs both" ;;
         g32camp) args="$common --campaign ${CAMP_S:-15} --draws device"; new_args="" ;;
         g32product) args="$common --product ${PRODUCT_S:-30} --processes ${PROCS:-1 8}"; new_args="" ;;
       esac
