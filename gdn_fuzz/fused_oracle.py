@@ -286,7 +286,7 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V) -> ring_oracle.LaunchExpectation:
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
     why = unavailable(q.device)
@@ -304,7 +304,7 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
         _kernel(_interpreter()[0])[(_cdiv(V, block_v), HV, B)](
             pool, *pool.stride(), *args, v, *v.stride(), y, y_mag, U, U_mag, fold, fold_mag, HV, V, K,
             unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
-            T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS)
+            T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps)
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -333,13 +333,13 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V) -> Measured:
-    """launch()'s expectation of the inputs (the same keywords), compared in the same kernel with what the launch
-    left: y_out (the target's output [B, T, HV, V], or None: no y sums), u_after (u_cache after the launch: the
-    records at ring.appends' slots) and pool_after (the pool after the launch, rows idx).  Nothing of size
-    [B, HV, V, K] or [B, T, HV, V] is written: the partial sums of one program (BLOCK_V value rows) are stored,
-    and added here per (row, v-head).  The same sums as checks.summed_errors on launch()'s fields, in another
-    summation order (tests/test_fused_oracle.py)."""
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> Measured:
+    """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
+    the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
+    u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
+    launch, rows idx).  Nothing of size [B, HV, V, K] or [B, T, HV, V] is written: the partial sums of one
+    program (BLOCK_V value rows) are stored, and added here per (row, v-head).  The same sums as
+    checks.summed_errors on launch()'s fields, in another summation order (tests/test_fused_oracle.py)."""
     why = unavailable(q.device)
     if why is not None:
         raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
@@ -357,12 +357,12 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
         _kernel(_interpreter()[0])[(nvb, HV, B)](
             pool, *pool.stride(), *args, v, *v.stride(), unused, unused, unused, unused, unused, unused, HV, V, K,
             yo, *sy, u_after, *u_after.stride(), app["slots"].contiguous(), pool_after, *pool_after.stride(),
-            sums, nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS,
+            sums, nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps,
             MEASURE=True, HAS_Y=has_y)
     return Measured(sums=sums.sum(2), **app)
 
 
-def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V) -> torch.Tensor:
+def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
     (its second output), from the launch kernel with no window and no magnitudes: how
     case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored
@@ -383,7 +383,7 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V) -> torch.T
             pool, *pool.stride(), rows.long().contiguous(), unused, unused, unused, unused,
             f64(torch.exp(g)), f64(beta), unused, f64(k_hat), v, *v.stride(), unused, unused, U, unused,
             unused, unused, HV, V, K, unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
-            T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=NUM_WARPS, HISTORY=True)
+            T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps, HISTORY=True)
     return U
 
 

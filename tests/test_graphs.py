@@ -98,9 +98,10 @@ def test_check_launch_same_with_and_without_graphs(fresh, monkeypatch, name):
     """Property strength unchanged: check_launch's findings and per-row metrics are the same with the check
     replayed from a graph (auto) and run eagerly (off)."""
     target = get_target(name)
-    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws="cuda", seed=s,
-                  rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)))
-             for fm in (9, 3) for s in range(3)]
+    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws="cuda", seed=s, rows=rows)
+             for fm in (9, 3) for s in range(3)
+             for rows in ((Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)),  # a pad row (pad_rows_write writes it)
+                          (Row(2, 16, 20), Row(-1, 9, 30), Row(3, 3, 1)))]
 
     def run_all():
         out = []

@@ -148,6 +148,12 @@ for step in "$@"; do
           benchmarks/throughput.py $args --json "$R/$step-base.json") > "$R/$step-base.txt" 2>&1
         echo "$step base rc=$?"; tail -n 4 "$R/$step-base.txt" | cut -c1-240
       fi ;;
+    g32tiling)
+      # issue 32: GPU time of the fused oracle's kernel per (block_v, num_warps), measure and history, B 8 and 64
+      need_bundle
+      timeout 400 python3 benchmarks/oracle_tiling.py --target production --B 8 64 --json "$R/$step.json" \
+        > "$R/$step.txt" 2>&1
+      echo "$step rc=$?" ;;
     g32replay)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
