@@ -405,7 +405,12 @@ def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
 
 
 def _check_launch(target: Target, case: Case, device: str) -> Findings:
-    obs = observe(target, case, device)
+    return check_observed(observe(target, case, device))
+
+
+def check_observed(obs: Observation) -> Findings:
+    """check_launch's verdict on a launch already observed (observe(target, case, device) of obs.case)."""
+    case = obs.case
     if obs.error is not None:
         return attach(Findings(check_oracle(obs)), launch_record(case))
     shapes, n_flags = verdict_shapes(obs)

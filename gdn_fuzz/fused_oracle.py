@@ -45,7 +45,7 @@ from gdn_fuzz.oracles import ring as ring_oracle
 ENV = "GDN_FUZZ_ORACLE"
 CHOICES = ("auto", "spec", "fused")
 BLOCK_V = 16  # value rows per program: S and M are 2 x 16 x 128 float64 in registers
-NUM_WARPS = 4
+NUM_WARPS = 2  # H200, benchmarks/oracle_tiling.py (2026-12-03): the measure kernel at B = 64 2.05 ms (4 warps: 2.92)
 
 
 @functools.lru_cache(maxsize=None)
