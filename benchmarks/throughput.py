@@ -135,7 +135,7 @@ def _fused_vs_spec(fused, spec) -> float:
 def _check_only(obs):
     """What check_launch does after observe() for a passing launch: the verdict (a CUDA-graph replay where
     gdn_fuzz.graphs captures it) and its one transfer to the host."""
-    return graphs.run(checks.verdict, obs).cpu().tolist()
+    return graphs.run(checks.verdict, obs, lambda o: checks._check_case_cursors(o.case)).cpu().tolist()
 
 
 def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",), graph_modes=("auto",)):

@@ -414,7 +414,7 @@ def check_observed(obs: Observation) -> Findings:
     if obs.error is not None:
         return attach(Findings(check_oracle(obs)), launch_record(case))
     shapes, n_flags = verdict_shapes(obs)
-    flat = graphs.run(verdict, obs).cpu().tolist()  # the one transfer of a passing launch
+    flat = graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case)).cpu().tolist()  # the one transfer
     summary = read_summary(flat, shapes)
     passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
         sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())

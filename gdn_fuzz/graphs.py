@@ -21,7 +21,7 @@ A key is captured at its CAPTURE_AT-th sighting (a key seen once would pay a cap
 for nothing); the MAX_GRAPHS most recently used graphs are kept.
 
 Only launches materialized from their Case (Observation.from_case) are replayed: their cursors are
-validated on the host from the Case's rows (checks._check_case_cursors, run here before each replay),
+validated on the host from the Case's rows (checks._check_case_cursors, run's before_replay),
 so verdict has no host synchronization to capture.  A capture that fails leaves its key eager for the
 rest of the process (stats().failed names why); the check's result never depends on the graph.
 
@@ -181,15 +181,15 @@ def _eager(fn, obs) -> torch.Tensor:
     return fn(obs)
 
 
-def run(fn, obs) -> torch.Tensor:
+def run(fn, obs, before_replay=None) -> torch.Tensor:
     """fn(obs) (checks.verdict; it takes flush_min as a keyword), replayed from a CUDA graph where this module's
-    rules allow (the module docstring), else eagerly.  The result is a device tensor: read it before the next run() of the same key
-    (a replay overwrites it)."""
+    rules allow (the module docstring), else eagerly.  before_replay(obs): the host work of fn that a replay
+    skips (checks passes its cursor validation), called before each replay.  The result is a device tensor:
+    read it before the next run() of the same key (a replay overwrites it)."""
     q = obs.before.get("q")
     if (choice() == "off" or not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not obs.from_case
             or getattr(obs.case, "fill", None) == "rows"):
         return _eager(fn, obs)
-    from gdn_fuzz.checks import _check_case_cursors  # the host validation verdict skips for from_case
     k = key(obs)
     if k in _STATS.failed:
         return _eager(fn, obs)
@@ -219,6 +219,7 @@ def run(fn, obs) -> torch.Tensor:
             _GRAPHS.popitem(last=False)
     else:
         _GRAPHS.move_to_end(k)
-    _check_case_cursors(obs.case)
+    if before_replay is not None:
+        before_replay(obs)
     _STATS.replays += 1
     return g.run(obs)

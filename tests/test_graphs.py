@@ -43,6 +43,10 @@ def same_key_cases(draw):
                 seed=draw(st.integers(0, 2**31 - 1)), draws="cuda", regime=Regime(poison=draw(st.booleans())))
 
 
+def CURSORS(obs):  # what check_observed passes: the host cursor check a replay skips
+    checks._check_case_cursors(obs.case)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int64)
 
@@ -59,14 +63,14 @@ def fresh(monkeypatch):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=same_key_cases(), name=st.sampled_from(("reference", "mutant:fold_skipped", "mutant:pad_rows_write")))
 def test_replay_gives_the_eager_bits(fresh, case, name):
-    """graphs.run(checks.verdict, obs) equals checks.verdict(obs), bit for bit, whether the key's graph was just
+    """graphs.run(checks.verdict, obs, CURSORS) equals checks.verdict(obs), bit for bit, whether the key's graph was just
     captured, replayed with another case's tensors (another pool size and flush_min: the padded rows and the
     flush_min tensor), or not yet captured (first sighting)."""
     obs = observe(get_target(name), case, "cuda")
     assert obs.error is None, obs.error
     want = checks.verdict(obs).clone()
     for _ in range(graphs.CAPTURE_AT + 1):
-        got = graphs.run(checks.verdict, obs)
+        got = graphs.run(checks.verdict, obs, CURSORS)
         assert torch.equal(bits(got), bits(want)), (got - want).abs().max()
     s = graphs.stats()
     assert not s.failed, s.failed
@@ -86,7 +90,7 @@ def test_a_graph_replays_for_the_next_case(fresh):
         case = dataclasses.replace(base, seed=seed, pool=pool, rows=(Row(top, 16, 20),) + base.rows[1:])
         obs = observe(target, case, "cuda")
         want = checks.verdict(obs).clone()
-        assert torch.equal(bits(graphs.run(checks.verdict, obs)), bits(want))
+        assert torch.equal(bits(graphs.run(checks.verdict, obs, CURSORS)), bits(want))
     s = graphs.stats()
     assert (s.captures, s.replays, s.eager) == (1, 6 - graphs.CAPTURE_AT + 1, graphs.CAPTURE_AT - 1), s
 
@@ -185,7 +189,7 @@ def test_on_cpu_the_verdict_is_eager(fresh):
     case = Case(arm="bf16", T=4, H=1, HV=2, pool=3, seed=5, rows=(Row(2, 6, 30), Row(0, 16, 3)))
     obs = observe(get_target("reference"), case)
     for _ in range(3):
-        assert torch.equal(bits(graphs.run(checks.verdict, obs)), bits(checks.verdict(obs)))
+        assert torch.equal(bits(graphs.run(checks.verdict, obs, CURSORS)), bits(checks.verdict(obs)))
     assert (graphs.stats().eager, graphs.stats().replays, graphs.stats().captures) == (3, 0, 0)
 
 
