@@ -18,7 +18,8 @@ T, geometry and batch bucket, the shapes its warm-up compiles):
               "before" and the "after" copies: no launch reads them, and the write-set check finds
               them unchanged (its pool size is the tensors').
 A key is captured at its CAPTURE_AT-th sighting (a key seen once would pay a capture, ~3 eager checks,
-for nothing); the MAX_GRAPHS most recently used graphs are kept.
+for nothing); the MAX_GRAPHS most recently used graphs are kept, and a launch whose static copies would
+pass MAX_STATIC_BYTES (a large bucket at HV = 64: a pool row is 2 MiB in bf16) is checked eagerly.
 
 Only launches materialized from their Case (Observation.from_case) are replayed: their cursors are
 validated on the host from the Case's rows (checks._check_case_cursors, run's before_replay),
@@ -45,6 +46,7 @@ ENV = "GDN_FUZZ_GRAPHS"
 CHOICES = ("auto", "off")
 CAPTURE_AT = 2  # the sighting of a key at which it is captured
 MAX_GRAPHS = 128  # graphs kept (least recently used dropped): a campaign's default menu has ~60 keys
+MAX_STATIC_BYTES = 2 << 30  # a graph's static copies (before + after) past this: the check of that shape runs eagerly
 POOL_BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache")
 MIN_POOL_ROWS = 16  # the campaign's small pools (a bucket of 4 or 8 rows + up to 6 spare) share one key
 
@@ -122,6 +124,19 @@ def key(obs) -> tuple:
             None if obs.output is None else _layout("output", obs.output))
 
 
+def static_bytes(obs) -> int:
+    """Bytes of the static copies a graph of obs would hold (its before, after and output tensors, padded)."""
+    n = 0
+    for d in (obs.before, obs.after):
+        for k, v in _tensors(d):
+            rows = _shape(k, v)
+            count = 1
+            for x in rows:
+                count *= x
+            n += count * v.element_size()
+    return n + (0 if obs.output is None else obs.output.numel() * obs.output.element_size())
+
+
 def _static_like(name: str, t: torch.Tensor) -> torch.Tensor:
     if _padded(name, t):  # zeros: rows past the launch's pool are equal before and after, and never read
         return torch.zeros(_shape(name, t), dtype=t.dtype, device=t.device)
@@ -196,7 +211,7 @@ def run(fn, obs, before_replay=None) -> torch.Tensor:
     g = _GRAPHS.get(k)
     if g is None:
         _SEEN[k] += 1
-        if _SEEN[k] < CAPTURE_AT:
+        if _SEEN[k] < CAPTURE_AT or static_bytes(obs) > MAX_STATIC_BYTES:
             return _eager(fn, obs)
         t0 = time.perf_counter()
         try:

@@ -178,6 +178,18 @@ def test_the_verdict_reads_nothing_on_the_host():
     assert reads.seen, "the cursor check was not seen: the watch list does not see what it should"
 
 
+def test_static_bytes_counts_the_padded_copies():
+    """A graph's static copies are counted with the pool-indexed buffers padded (pool 3 -> 16 rows): what
+    MAX_STATIC_BYTES bounds before a capture."""
+    case = Case(arm="bf16", T=4, H=1, HV=2, pool=3, seed=5, rows=(Row(2, 6, 30), Row(0, 16, 3)))
+    obs = observe(get_target("reference"), case)
+    plain = sum(v.numel() * v.element_size() for d in (obs.before, obs.after) for v in d.values()
+                if isinstance(v, torch.Tensor)) + obs.output.numel() * obs.output.element_size()
+    pooled = sum(v.numel() * v.element_size() for d in (obs.before, obs.after) for k, v in d.items()
+                 if k in graphs.POOL_BUFFERS)
+    assert graphs.static_bytes(obs) == plain + pooled * (16 - 3) // 3
+
+
 def test_graphs_choice_is_validated(monkeypatch):
     monkeypatch.setenv(graphs.ENV, "sometimes")
     with pytest.raises(ValueError, match="GDN_FUZZ_GRAPHS='sometimes'.*auto, off"):
