@@ -70,10 +70,20 @@ class Stats:
     capture_s: float = 0.0
     failed: dict = field(default_factory=dict)  # key -> why its capture failed
 
+    def counts(self) -> dict:
+        """The numbers only (what an isolated worker sends back with each answer)."""
+        return dict(replays=self.replays, eager=self.eager, captures=self.captures, capture_s=self.capture_s,
+                    failed=len(self.failed))
+
     def as_dict(self) -> dict:
         return dict(replays=self.replays, eager=self.eager, captures=self.captures,
                     capture_s=round(self.capture_s, 3), failed=len(self.failed),
                     failed_why=sorted(set(self.failed.values()))[:3])
+
+
+def add_counts(a: dict, b: dict) -> dict:
+    """Stats.counts() of two processes added (a worker and its replacement)."""
+    return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
 
 
 _STATS = Stats()

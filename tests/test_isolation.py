@@ -240,3 +240,20 @@ def test_a_worker_prepares_only_the_oracles_its_checks_can_draw():
     assert oracle_to_prepare(T("flush"), "cpu", ("bf16",), (4,)) is None
     w = Worker("reference", "cpu", oracle_arms=("fp16",), oracle_Ts=(8,))
     assert (w.oracle_arms, w.oracle_Ts) == (("fp16",), (8,))
+
+
+def test_worker_reports_how_its_checks_ran_across_restarts(tmp_path):
+    """Each answer of an isolated worker carries gdn_fuzz.graphs' counts (on a CPU every check is eager), and
+    Worker.graph_counts adds those of a worker that died to its replacement's: what a campaign's JSON record
+    reports as `graphs` (on CUDA: how many checks were CUDA-graph replays)."""
+    w = Worker("mutant:worker_crash", "cpu", inflight_dir=tmp_path, name="t")
+    try:
+        ok = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
+        boom = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 16, 5),), seed=1)
+        assert w.check("launch", ok) == [] and w.check("launch", ok) == []
+        assert (w.graph_counts["eager"], w.graph_counts["replays"]) == (2, 0)
+        w.check("launch", boom)  # the worker dies: its counts stay
+        assert w.check("launch", ok) == [] and w.restarts == 1
+        assert (w.graph_counts["eager"], w.graph_counts["replays"], w.graph_counts["captures"]) == (3, 0, 0)
+    finally:
+        w.close()

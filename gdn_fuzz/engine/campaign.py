@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
+from gdn_fuzz import graphs
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.strategies import prefix as prefix_strategies
 from gdn_fuzz.findings import Finding
@@ -276,6 +277,13 @@ class Campaign:
             import torch
 
             torch.set_num_threads(self.torch_threads)
+
+    def graph_counts(self) -> dict:
+        """How the checks ran (gdn_fuzz.graphs: CUDA-graph replays, eager runs, captures): in the isolated
+        workers, or in this process."""
+        if self._worker is not None:
+            return self._worker.graph_counts
+        return graphs.stats().counts()
 
     def _compiles(self) -> int:
         if self._worker is not None:

@@ -50,6 +50,7 @@ from pathlib import Path
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import LEGAL_T, Case
 from gdn_fuzz.prefix_case import load_case
+from gdn_fuzz import graphs
 from gdn_fuzz.checks import prepare_oracle
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
@@ -266,7 +267,8 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             continue
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
         conn.send(("fatal" if fatal_in else "ok",
-                   dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None)),
+                   dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
+                        graphs=graphs.stats().counts()),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
@@ -338,6 +340,8 @@ class Worker:
         self.last_recycle_reason = ""
         self.compiles = 0  # JIT compiles of every worker so far (finished workers' plus the live one's)
         self._compiles_before = 0  # compiles of the workers that ended (restarts, recycling)
+        self._graphs_before: dict = {}  # gdn_fuzz.graphs counts of the workers that ended
+        self._graphs_live: dict = {}  # ... and of the live one, as of its last answer
         self.checks = 0
         self.last_check_s: float | None = None
         self.max_check_s: float | None = None
@@ -391,6 +395,8 @@ class Worker:
         child.close()
         self._proc, self._conn = proc, parent
         self._compiles_before = self.compiles  # a fresh worker counts its own compiles from 0
+        self._graphs_before = graphs.add_counts(self._graphs_before, self._graphs_live)
+        self._graphs_live = {}
         self._checks_in_worker = 0
         self._busy = False
         deadline = time.monotonic() + self.start_timeout_s
@@ -572,6 +578,7 @@ class Worker:
                     return [Finding("launch", "H*", f"the check raised {text}", outcome=payload["outcome"])]
                 res = Findings(Finding(**d) for d in payload["findings"])
                 res.metrics = payload["metrics"]
+                self._graphs_live = payload.get("graphs") or self._graphs_live
                 said = "\n".join(f"{f.message} {f.outcome}" for f in res)
                 verdict = classify(said) if res else None
                 if verdict == "setup":
@@ -590,6 +597,11 @@ class Worker:
         self._proc.join(timeout=5)
         words, outcome = self._exit_words(self._proc)
         return self._died(prop, words, outcome)
+
+    @property
+    def graph_counts(self) -> dict:
+        """gdn_fuzz.graphs' counts (replays, eager, captures, capture_s, failed) over every worker so far."""
+        return graphs.add_counts(self._graphs_before, self._graphs_live)
 
     def measure(self, scenario, case: Case) -> Findings:
         """Run a measurement on `case` in the worker: `scenario` is a module-level function (target, case, device) ->
