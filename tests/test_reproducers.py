@@ -217,16 +217,74 @@ def test_commit_plain_launch_of_the_stored_case_shows_the_wrong_cursors(tmp_path
 # ------------------------------------------------------------------ gdn-fuzz replay --emit-test
 
 
-ALLOWED_IMPORTS = {"os", "gdn_fuzz.case", "gdn_fuzz.targets", "gdn_fuzz.properties", "gdn_fuzz.engine.corpus"}
+ALLOWED_IMPORTS = {"os", "pytest", "torch", "gdn_fuzz.case", "gdn_fuzz.targets", "gdn_fuzz.properties",
+                   "gdn_fuzz.engine.corpus"}
 
 
 def _pytest(files, env_extra, cwd):
     env = dict(os.environ)
     env.pop(R.TARGET_ENV, None)
+    env.pop(R.DEVICE_ENV, None)
     env.update(env_extra)
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
                            *map(str, files)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _emit(entry: Path, out: Path) -> Path:
+    from gdn_fuzz import cli
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    assert cli.main(["replay", str(entry), "--emit-test", str(out)]) == 0
+    return out
+
+
+def _production_loads() -> str | None:
+    """Why the production target cannot load here (flashinfer-python missing), or None."""
+    try:
+        get_target("production").module("bf16")
+    except Exception as e:  # noqa: BLE001 - any reason is a reason to skip
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_emitted_test_fails_when_the_target_refused_the_launch(tmp_path):
+    """A reproducer never passes without running: the CPU entry of fold_skipped run against the production kernel
+    on CPU tensors (which it refuses) no longer shows its signature, but the test fails, saying the target raised
+    instead of running the launch (before, it passed: "fixed")."""
+    why = _production_loads()
+    if why is not None:
+        pytest.skip(f"needs the production target importable (flashinfer-python): {why}")
+    f = _emit(REPO / "corpus" / "launch-a53525b0cafb73a0.json", tmp_path / "e" / "test_repro.py")
+    assert f"DEVICE = os.environ.get({R.DEVICE_ENV!r}) or 'cpu'" in f.read_text()
+    res = _pytest([f], {R.TARGET_ENV: "production"}, f.parent)
+    assert res.returncode == 1 and "1 failed" in res.stdout, res.stdout[-3000:]
+    assert "raised instead of running the launch" in res.stdout, res.stdout[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the emitted GPU reproducer runs (this test "
+                    "checks that it skips where there is no CUDA device)")
+def test_emitted_gpu_reproducer_skips_without_cuda(tmp_path):
+    """An entry of the production kernel defaults to DEVICE cuda; on a machine without CUDA its reproducer skips with
+    the reason (before, it ran on the CPU, the kernel refused the tensors, and it passed)."""
+    entry = REPO / "corpus" / "metamorphic-45ca9f360f024946.json"
+    assert corpus.read(entry).needs_gpu
+    f = _emit(entry, tmp_path / "e" / "test_repro_gpu.py")
+    assert f"DEVICE = os.environ.get({R.DEVICE_ENV!r}) or 'cuda'" in f.read_text()
+    res = _pytest([f], {}, f.parent)
+    assert res.returncode == 0 and "1 skipped" in res.stdout, res.stdout[-3000:]
+    assert "no CUDA device" in res.stdout, res.stdout[-3000:]
+
+
+def test_emitted_test_skips_where_the_target_cannot_load(tmp_path):
+    """A target that cannot be loaded here (its kernel file is missing) skips the reproducer with the loader's
+    reason, instead of failing as if the bug were present."""
+    from gdn_fuzz.targets.loading import KERNEL_MODULE_ENV
+
+    f = _emit(REPO / "corpus" / "launch-a53525b0cafb73a0.json", tmp_path / "e" / "test_repro.py")
+    res = _pytest([f], {R.TARGET_ENV: "production", KERNEL_MODULE_ENV: str(tmp_path / "missing.py")}, f.parent)
+    assert res.returncode == 0 and "1 skipped" in res.stdout, res.stdout[-3000:]
+    assert "cannot be loaded here" in res.stdout and "missing.py" in res.stdout, res.stdout[-3000:]
 
 
 def test_emitted_test_fails_on_the_bug_and_passes_once_fixed(tmp_path):

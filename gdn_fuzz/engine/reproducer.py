@@ -320,11 +320,17 @@ def emit_test(entry, path=None, *, target: str | None = None) -> str:
     when given).  It builds the entry's effective Case as a literal, runs the property's check on
     the target (${TARGET_ENV}, default `target` or the entry's own) and asserts the entry's signature
     is NOT among the findings: it fails while the bug is present and passes once it is fixed.  A
-    commit entry also gets a plain launch of the Case whose committed cursors are checked against C2."""
+    commit entry also gets a plain launch of the Case whose committed cursors are checked against C2.
+    The device defaults to the entry's (cuda for a GPU target or a Case drawn by the CUDA generator, else
+    cpu; ${DEVICE_ENV} overrides).  The test skips, saying why, where there is no such device or the target
+    cannot be loaded (TargetUnavailable), and it fails when any finding is a raised exception other than
+    the entry's own signature: a target that refused the launch has not shown that the bug is fixed."""
 
     launch = entry_launch(entry)
     prop = get_property(entry.prop)
     tname = target or entry.target
+    # the device the entry's launch needs: a GPU target's, or a Case drawn by the CUDA generator (Case.draws)
+    dname = "cuda" if entry.needs_gpu or getattr(launch.case, "draws", "cpu") == "cuda" else "cpu"
     name = entry.path.name if getattr(entry, "path", None) is not None else entry.filename()
     recorded = "\n".join("  " + ln for f in entry.findings for ln in str(f).splitlines()) or "  -"
     desc = "\n".join("  " + ln for ln in launch.describe().splitlines())
@@ -336,37 +342,58 @@ def emit_test(entry, path=None, *, target: str | None = None) -> str:
            f"the launch that failed:\n{desc}\n\n"
            "CASE is that launch's Case (materialize(CASE) gives its tensors and cursors, pad rows' included);\n"
            "the property's check runs it as written, plus TRANSFORM where it is not a plain launch.\n"
-           "The test fails while the bug is present and passes once it is fixed.\n"
-           f"Target: ${TARGET_ENV} (default {tname}); device: ${DEVICE_ENV} (default cpu).\n"
+           "The test fails while the bug is present and passes once it is fixed.  It skips, saying why, where\n"
+           "the target cannot be loaded or the device is missing, and it fails (never passes) when the target\n"
+           "raised instead of running the launch: then it cannot tell whether the bug is fixed.\n"
+           f"Target: ${TARGET_ENV} (default {tname}); device: ${DEVICE_ENV} (default {dname}).\n"
            '"""')
     body = doc[3:-3].replace("\\", "\\\\").replace('"""', "'''")  # a docstring that stays one
     doc = '"""' + body + '"""'
-    src = [doc, "", "import os", "", "from gdn_fuzz.case import Case, Regime, Row, materialize",
-           "from gdn_fuzz.properties import get_property", "from gdn_fuzz.targets import get_target", "",
+    src = [doc, "", "import os", "", "import pytest", "import torch", "",
+           "from gdn_fuzz.case import Case, Regime, Row, materialize",
+           "from gdn_fuzz.properties import get_property", "from gdn_fuzz.targets import TargetUnavailable, get_target",
+           "",
            f"TARGET = os.environ.get({TARGET_ENV!r}) or {tname!r}",
-           f"DEVICE = os.environ.get({DEVICE_ENV!r}) or 'cpu'",
+           f"DEVICE = os.environ.get({DEVICE_ENV!r}) or {dname!r}",
            f"PROPERTY = {entry.prop!r}",
            f"SIGNATURE = {entry.signature!r}",
            "# what the check launches besides materialize(CASE) (gdn_fuzz.engine.reproducer.TRANSFORMS; '' = nothing)",
            f"TRANSFORM = {launch.transform!r}",
            f"PARAMS = {json.dumps(launch.params, sort_keys=True)}",
            "", "CASE = " + case_literal(launch.case), "", "",
+           "def _target():",
+           '    """The target, or a skip saying why it cannot run here (not installed, no such device)."""',
+           "    if DEVICE.startswith('cuda') and not torch.cuda.is_available():",
+           f"        pytest.skip(f'the launch runs on {{DEVICE}} and this machine has no CUDA device (set {DEVICE_ENV} '",
+           "                    'to run it elsewhere; a GPU target refuses CPU tensors)')",
+           "    try:",
+           "        target = get_target(TARGET)",
+           "        target.module(CASE.arm)",
+           "    except TargetUnavailable as e:",
+           "        pytest.skip(f'target {TARGET} cannot be loaded here: {e}')",
+           "    return target",
+           "", "",
            "def test_finding_is_fixed():",
            f'    """{entry.prop} on CASE must not show {entry.signature.replace(chr(34), chr(39))}."""',
-           "    found = get_property(PROPERTY).check(get_target(TARGET), CASE.validate(), DEVICE)",
+           "    found = get_property(PROPERTY).check(_target(), CASE.validate(), DEVICE)",
            "    signatures = sorted({f.signature() for f in found})",
            "    assert SIGNATURE not in signatures, (f'still reproduces on {TARGET}:\\n' + CASE.describe() + '\\n'",
-           "                                         + '\\n'.join(str(f) for f in found))", ""]
+           "                                         + '\\n'.join(str(f) for f in found))",
+           "    # the signature is gone, but only a launch that ran can show a fix: a target that raised instead",
+           "    refused = [str(f) for f in found if f.outcome.startswith('raised')]",
+           "    assert not refused, (f'{TARGET} on {DEVICE} raised instead of running the launch, so this cannot tell '",
+           "                         'whether the bug is fixed:\\n' + '\\n'.join(refused))", ""]
     if entry.prop == "commit" and launch.case.restart_hist_on_flush and entry.signature.startswith("commit.cursors"):
         src += ["",
                 "def test_plain_launch_commits_cursors():",
                 '    """C2 on a plain launch of CASE (restart_hist_on_flush=True, pad rows included): flush rows',
                 '    (P >= flush_min) get base = (base + P) & 31 and P = 0; every other row keeps its cursors."""',
+                "    target = _target()",
                 "    kw = materialize(CASE, DEVICE)",
                 "    P = [r.hist_len for r in CASE.rows]",
                 "    base = [r.cache_base for r in CASE.rows]",
                 "    fmin = CASE.fmin",
-                "    get_target(TARGET).launch(CASE.arm, **kw)",
+                "    target.launch(CASE.arm, **kw)",
                 "    want_len = [0 if p >= fmin else p for p in P]",
                 "    want_base = [(b + p) & 31 if p >= fmin else b for p, b in zip(P, base)]",
                 "    assert (kw['hist_len'].tolist(), kw['cache_base'].tolist()) == (want_len, want_base)", ""]
