@@ -351,3 +351,19 @@ def test_doctor_lists_the_materializer_targets():
     assert "tests/test_prefix_serving.py" in out and "gdn-fuzz unguarded --target materialize" in out
     if releases.installed_file("gdn_prefix_materialize.py"):
         assert "its arm with this environment:" in out and "target materialize:" in out
+
+
+def test_version_names_the_package_and_what_it_drives(capsys):
+    """`gdn-fuzz --version` prints this package's version and torch's, hypothesis', flashinfer-python's and
+    cutlass-dsl's (from the installed metadata), and exits 0."""
+    from importlib import metadata
+
+    from gdn_fuzz import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith(f"gdn-fuzz {metadata.version('gdn-fuzz')} (torch {metadata.version('torch')}"), out
+    for dist in ("hypothesis", "flashinfer-python", "nvidia-cutlass-dsl"):
+        assert f"{dist} " in out, out

@@ -25,8 +25,24 @@ __all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NEW", "EXIT_USAG
 COMMANDS = (run, replay, report, studies, serving, releases)
 
 
+def version_text() -> str:
+    """`gdn-fuzz --version`: this package's version and those of what it drives, read from the installed
+    distributions' metadata (nothing is imported)."""
+    from importlib import metadata
+
+    def v(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"gdn-fuzz {v('gdn-fuzz')} (torch {v('torch')}, hypothesis {v('hypothesis')}, "
+            f"flashinfer-python {v('flashinfer-python')}, nvidia-cutlass-dsl {v('nvidia-cutlass-dsl')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gdn-fuzz", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version", version=version_text())
     sub = ap.add_subparsers(dest="cmd", required=True)
     for mod in COMMANDS:
         mod.add_parser(sub)
