@@ -367,3 +367,35 @@ def test_version_names_the_package_and_what_it_drives(capsys):
     assert out.startswith(f"gdn-fuzz {metadata.version('gdn-fuzz')} (torch {metadata.version('torch')}"), out
     for dist in ("hypothesis", "flashinfer-python", "nvidia-cutlass-dsl"):
         assert f"{dist} " in out, out
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "truncated", "campaign_as_records", "not_json_campaign",
+                                  "foreign_campaign", "materializer"])
+def test_report_bad_input_is_one_line_exit_2(tmp_path, capsys, kind):
+    """`gdn-fuzz report` on an input it cannot use: one line naming the file (and line) and what to give instead,
+    exit 2, nothing written and no traceback."""
+    from gdn_fuzz import cli
+
+    good = tmp_path / "rec.jsonl"
+    good.write_text(json.dumps(dict(arm="bf16", T=4, flush_min=13, prop="launch", regime={}, rows=[])) + "\n")
+    args, want = {
+        "missing": ([str(tmp_path / "none.jsonl")], "does not exist"),
+        "folder": ([str(tmp_path)], "is a folder"),
+        "truncated": ([str(good)], "rec.jsonl:2: not a JSON line"),
+        "campaign_as_records": ([str(tmp_path / "camp.json")], "give it as --campaign"),
+        "not_json_campaign": ([str(good), "--campaign", str(tmp_path / "cut.json")], "is not JSON"),
+        "foreign_campaign": ([str(good), "--campaign", str(tmp_path / "other.json")], "has no findings list"),
+        "materializer": ([str(tmp_path / "pm.jsonl")], "prefix-materializer campaign"),
+    }[kind]
+    if kind == "truncated":
+        good.write_text(good.read_text() + '{"arm": "bf1')
+    (tmp_path / "camp.json").write_text(json.dumps(dict(findings=[], target="reference")))
+    (tmp_path / "cut.json").write_text('{"findings": [')
+    (tmp_path / "other.json").write_text(json.dumps(dict(name="something else")))
+    (tmp_path / "pm.jsonl").write_text(json.dumps(dict(kind="materialize", arm="bf16", prop="pm_launch")) + "\n")
+    out = tmp_path / "rep"
+    assert cli.main(["report", *args, "--out", str(out)]) == 2
+    text = capsys.readouterr().out
+    assert text.startswith("gdn-fuzz report: ") and want in text, text
+    assert len(text.strip().splitlines()) == 1, text
+    assert "Traceback" not in text and not out.exists()

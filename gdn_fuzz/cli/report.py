@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from gdn_fuzz.cli.common import console
+from gdn_fuzz.cli.common import EXIT_USAGE, console
 from gdn_fuzz.engine.doctor import report
-from gdn_fuzz.engine.report import build
+from gdn_fuzz.engine.report import ReportInputError, build
 
 
 def cmd_report(args) -> int:
-    path = build(args.records, args.campaign, args.out)
+    try:
+        path = build(args.records, args.campaign, args.out)
+    except ReportInputError as e:
+        console.print(f"gdn-fuzz report: {e}", markup=False, soft_wrap=True)
+        return EXIT_USAGE
     console.print(f"report written: {path} (+ report.html and PNG plots beside it)")
     return 0
 

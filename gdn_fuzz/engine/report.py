@@ -16,18 +16,66 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gdn_fuzz.prefix_case import KIND as PREFIX_KIND
+
 OUTPUTS = ("y", "u", "k", "g", "fold")
+RECORD_KEYS = ("arm", "T", "flush_min", "prop", "regime", "rows")  # what a `gdn-fuzz run --record` line holds
+
+
+class ReportInputError(ValueError):
+    """A report input that is missing, unreadable, truncated or not what `gdn-fuzz report` reads: the message
+    names the file (and line) and says what to give instead."""
+
+
+def _read_text(path, what: str, fix: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ReportInputError(f"{what} {str(path)!r} {'is a folder' if p.is_dir() else 'does not exist'}; {fix}")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportInputError(f"{what} {str(path)!r} cannot be read ({type(e).__name__}: {e}); {fix}") from e
+
+
+RECORDS_FIX = "give the JSON-lines file that `gdn-fuzz run --record FILE` wrote"
+CAMPAIGN_FIX = "give the file that `gdn-fuzz run --json FILE` wrote, or leave --campaign out"
 
 
 def load_records(path) -> list[dict]:
+    """The example records of `gdn-fuzz run --record`, one JSON object per line (ReportInputError otherwise)."""
     recs = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for i, line in enumerate(_read_text(path, "records file", RECORDS_FIX).splitlines(), 1):
         if line.strip():
             try:
-                recs.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not a JSON line ({e}); was the campaign interrupted mid-write?") from e
+                raise ReportInputError(f"{path}:{i}: not a JSON line ({e}); was the campaign interrupted "
+                                       f"mid-write? (drop that line, or {RECORDS_FIX})") from e
+            if isinstance(rec, dict) and rec.get("kind") == PREFIX_KIND:
+                raise ReportInputError(f"{path}:{i}: a record of a prefix-materializer campaign; `gdn-fuzz "
+                                       "report` covers the flush kernel's campaigns only (their --record lines)")
+            missing = [k for k in RECORD_KEYS if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                hint = (" (it looks like a campaign's --json record: give it as --campaign)"
+                        if isinstance(rec, dict) and "findings" in rec else "")
+                raise ReportInputError(f"{path}:{i}: not an example record of gdn-fuzz run (no "
+                                       f"{', '.join(missing)}){hint}; {RECORDS_FIX}")
+            recs.append(rec)
     return recs
+
+
+def load_campaign(path) -> dict:
+    """The campaign record of `gdn-fuzz run --json` (ReportInputError when missing, truncated or not one)."""
+    text = _read_text(path, "campaign record", CAMPAIGN_FIX)
+    try:
+        camp = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportInputError(f"campaign record {str(path)!r} is not JSON ({e}); was it cut short? "
+                               f"{CAMPAIGN_FIX}") from e
+    if not isinstance(camp, dict) or "findings" not in camp:
+        raise ReportInputError(f"campaign record {str(path)!r} has no findings list: it is not a `gdn-fuzz run "
+                               f"--json` record; {CAMPAIGN_FIX}")
+    return camp
 
 
 def coverage(recs: list[dict]) -> dict[str, Counter]:
@@ -245,10 +293,10 @@ def _plots(recs, out: Path) -> list[str]:
 
 
 def build(records_path, campaign_json=None, out_dir="report") -> Path:
+    recs = load_records(records_path)  # both inputs read (and checked) before anything is written
+    camp = load_campaign(campaign_json) if campaign_json else {}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    recs = load_records(records_path)
-    camp = json.loads(Path(campaign_json).read_text()) if campaign_json else {}
     md = ["# gdn_fuzz campaign report", ""]
     if camp:
         md += [f"- target: `{camp.get('target')}` ({camp.get('path')})", f"- device: {camp.get('device')}",
