@@ -8,6 +8,8 @@ planted bug to show that the second one finds the same failure and stores nothin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import multiprocessing as mp
 
 import pytest
@@ -109,3 +111,50 @@ def test_campaign_writes_one_shrunk_entry_then_deduplicates(tmp_path):
     (g,) = second.findings.values()
     assert g.entry_path == f.entry_path and not g.entry_new
     assert len(corpus.entries(tmp_path)) == 1
+
+
+def _read_only_run(corpus_dir, capsys, extra=()):
+    """`gdn-fuzz run` on a planted bug with a corpus it cannot write: (exit code, output)."""
+    from gdn_fuzz import cli
+
+    rc = cli.main(["run", "--target", "mutant:anchor_off_by_one", "--arms", "bf16", "--T", "4", "--property", "launch",
+                   "--examples", "12", "--seed", "0", "--corpus", str(corpus_dir), *extra])
+    return rc, capsys.readouterr().out
+
+
+def test_run_with_an_unwritable_corpus_says_so_once(tmp_path, monkeypatch, capsys):
+    """A corpus folder the filesystem refuses (a read-only checkout; simulated: os.access says no write access
+    under it): the isolated worker keeps its in-flight case in a temporary folder, the run finds the planted bug,
+    exits 1 with no traceback, and says once that the new entries were not written and where the cases are."""
+    ro = tmp_path / "checkout"
+    (ro / "corpus").mkdir(parents=True)
+    real = os.access
+    monkeypatch.setattr(corpus.os, "access", lambda p, mode, *a, **k: (False if str(p).startswith(str(ro)) and
+                                                                        mode & os.W_OK else real(p, mode, *a, **k)))
+    rc, out = _read_only_run(ro / "corpus", capsys)
+    assert rc == 1 and "Traceback" not in out, out[-3000:]
+    assert "cannot be written" in out and "not written" in out and "each case is printed above" in out, out[-3000:]
+    assert list((ro / "corpus").iterdir()) == []  # no entry, and no .inflight folder
+
+
+def test_run_in_a_read_only_mount(tmp_path, monkeypatch, capsys):
+    """The same on a real read-only filesystem (a read-only bind mount of the checkout, cwd inside it, with
+    GDN_FUZZ_CORPUS_READONLY=1 as CI sets it): the run works.  Skips where this process may not mount."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    (src / "corpus").mkdir(parents=True)
+    ro.mkdir()
+    ok = subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode == 0 and \
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode == 0
+    if not ok:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+        pytest.skip("cannot make a read-only bind mount here (needs root and mount privileges)")
+    try:
+        monkeypatch.chdir(ro)
+        monkeypatch.setenv(corpus.READONLY_ENV, "1")
+        monkeypatch.setenv(corpus.CORPUS_ENV, str(ro / "corpus"))
+        rc, out = _read_only_run(ro / "corpus", capsys)
+        assert rc == 1 and "Traceback" not in out, out[-3000:]
+        assert "is read-only" in out and "not written" in out, out[-3000:]
+    finally:
+        monkeypatch.chdir(tmp_path)
+        subprocess.run(["umount", str(ro)], capture_output=True)

@@ -210,6 +210,12 @@ def cmd_run(args) -> int:
         for k in camp.known_summary():
             ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
         console.print(ft)
+    unwritten = [f for f in camp.findings.values() if f.entry_path is None and f.entry_note]
+    if unwritten:  # a read-only corpus or checkout: say so once, with where the cases are
+        why = unwritten[0].entry_note.split("; new entry")[0]
+        console.print(f"corpus: {why}: {len(unwritten)} new entr{'y' if len(unwritten) == 1 else 'ies'} not written "
+                      "(each case is printed above" + (f" and in {args.json}" if args.json else "; --json FILE keeps them")
+                      + ")", markup=False, soft_wrap=True)
     for sig, u in sorted(camp.unconfirmed.items()):
         console.print(f"[yellow]not confirmed[/yellow] (its first failing case did not come back in a fresh worker "
                       f"process: {'passed' if u['reproduced'] is False else 'out of memory or a hang'}; not filed, "

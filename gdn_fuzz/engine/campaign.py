@@ -270,7 +270,9 @@ class Campaign:
         self._model_known: dict = {}  # signature -> the release model's word, for known bugs no entry records
         self._on_check = lambda prop, case: None  # run()'s on_check
         if self.isolate:
-            inflight = None if self.corpus_dir is None else Path(self.corpus_dir) / ".inflight"
+            # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
+            inflight = (None if self.corpus_dir is None or corpus.unwritable(self.corpus_dir) is not None
+                        else Path(self.corpus_dir) / ".inflight")
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads,
                                   oracle_arms=self.arms, oracle_Ts=self.Ts)  # compile only the oracles it can draw
         elif self.torch_threads:

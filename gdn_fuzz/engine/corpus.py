@@ -145,6 +145,21 @@ def is_readonly() -> bool:
     return os.environ.get(READONLY_ENV, "").strip() not in ("", "0", "false", "no")
 
 
+def unwritable(directory: Path | None = None) -> str | None:
+    """Why the corpus folder `directory` (default: the configured one) cannot take new entries, or None: it is
+    the configured corpus and GDN_FUZZ_CORPUS_READONLY is set, or the filesystem refuses writes there (a read-only
+    checkout or mount; checked on the folder, or on its nearest existing parent when it does not exist yet)."""
+    d = Path(directory) if directory is not None else default_dir()
+    if is_readonly() and d.resolve() == default_dir().resolve():
+        return f"corpus {d} is read-only ({READONLY_ENV} is set)"
+    p = d
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not os.access(p, os.W_OK):
+        return f"corpus {d} cannot be written (no write access to {p})"
+    return None
+
+
 def write(entry: Entry, directory: Path | None = None, replace: bool = False) -> tuple[Path, bool]:
     """Store an entry atomically.  Returns (path, written); written is False for a duplicate (an entry
     of the same identity is there already), unless `replace`: then it is written over, atomically (a
@@ -153,11 +168,15 @@ def write(entry: Entry, directory: Path | None = None, replace: bool = False) ->
     path = d / entry.filename()
     if path.exists() and not replace:
         return path, False
-    if is_readonly() and d.resolve() == default_dir().resolve():
-        raise PermissionError(f"corpus {d} is read-only ({READONLY_ENV} is set); new entry {path.name} not written:\n"
-                              + json.dumps(entry.to_dict(), indent=1))
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".partial")
+    why = unwritable(d)
+    if why is not None:
+        raise PermissionError(f"{why}; new entry {path.name} not written:\n" + json.dumps(entry.to_dict(), indent=1))
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".partial")
+    except OSError as e:  # a read-only filesystem is EROFS, not a PermissionError: the caller reports both alike
+        raise PermissionError(f"corpus {d} cannot be written ({e.strerror}); new entry {path.name} not written:\n"
+                              + json.dumps(entry.to_dict(), indent=1)) from e
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(entry.to_dict(), fh, indent=1, sort_keys=True)
