@@ -158,3 +158,19 @@ def test_run_in_a_read_only_mount(tmp_path, monkeypatch, capsys):
     finally:
         monkeypatch.chdir(tmp_path)
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_run_names_a_corrupt_entry(tmp_path, capsys):
+    """A corrupt entry in the corpus (truncated JSON) is named when `gdn-fuzz run` starts, with the reason and the
+    fix, instead of being left out of the known bugs without a word; the run goes on."""
+    from gdn_fuzz import cli
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "launch-0123456789abcdef.json").write_text('{"format": "gdn_fuzz.corpus/2", "case": {')
+    rc = cli.main(["run", "--target", "reference", "--arms", "bf16", "--T", "4", "--property", "launch",
+                   "--examples", "2", "--corpus", str(d)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0, out[-2000:]
+    assert "corpus: skipped" in out and "launch-0123456789abcdef.json" in out and "truncated JSON" in out, out[-2000:]
+    assert "delete it or restore it from git" in out

@@ -126,6 +126,9 @@ def cmd_run(args) -> int:
                       f"; {len(known)} known bug signature(s) of this target in the corpus", markup=False)
         if pool_note:
             console.print(pool_note, markup=False)
+        for why in ([] if corpus_dir is None else corpus.unreadable(corpus_dir)):  # left out of the known bugs
+            console.print(f"corpus: skipped (its known bug, if any, is not counted): {why}", markup=False,
+                          soft_wrap=True)
         with Progress(TextColumn("[bold]fuzzing"), BarColumn(), TextColumn("{task.description}"),
                       TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task("", total=seconds or args.examples)

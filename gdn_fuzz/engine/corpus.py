@@ -269,6 +269,18 @@ def entries(directory: Path | None = None) -> list[Path]:
     return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
 
 
+def unreadable(directory: Path | None = None) -> list[str]:
+    """One line per entry file of the folder that read() refuses (truncated JSON, another format, a malformed
+    field): what `gdn-fuzz run` says at start, since its known bugs leave such entries out."""
+    out = []
+    for p in entries(directory):
+        try:
+            read(p)
+        except CorpusError as e:
+            out.append(str(e).splitlines()[0])
+    return out
+
+
 def known_signatures(target: str, directory: Path | None = None) -> dict[str, str]:
     """{signature: entry file name} of the `open` entries of `target`: outcomes that are known
     bugs, counted and listed by campaigns and property tests instead of failing them.
