@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -133,12 +134,27 @@ def cmd_run(args) -> int:
                       TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task("", total=seconds or args.examples)
 
+            def words():
+                s = camp.stats
+                return (f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
+                        f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  {s.rate:.1f} ex/s")
+
             def tick():
                 s = camp.stats
-                progress.update(task, completed=(s.elapsed if seconds else s.examples),
-                                description=f"examples {s.examples}  launches {s.launches}  new {len(camp.findings)}  "
-                                            f"known {sum(camp.known_hits.values())}  compiles {s.compiles}  "
-                                            f"{s.rate:.1f} ex/s")
+                progress.update(task, completed=(s.elapsed if seconds else s.examples), description=words())
+
+            # not a terminal (a pipe, a CI log): rich draws no live bar, so a plain line every PROGRESS_EVERY_S,
+            # from a timer thread (an example that compiles for 30 s must not silence it)
+            stop_lines = threading.Event()
+
+            def lines():
+                of = f"/{seconds:g}s" if seconds else f"/{args.examples} examples"
+                while not stop_lines.wait(PROGRESS_EVERY_S):
+                    progress.console.print(f"progress: {camp.stats.elapsed:.0f}s{of}  {words()}", markup=False,
+                                           highlight=False)
+
+            if not console.is_terminal:
+                threading.Thread(target=lines, name="gdn-fuzz-progress", daemon=True).start()
 
             def first(sig, prop, case, findings, t, n):
                 progress.console.print(f"[red]failure[/red] {sig}  (property {prop}, {t:.1f}s, after {n} examples; "
@@ -174,6 +190,8 @@ def cmd_run(args) -> int:
                 progress.stop()
                 console.print(f"[red]setup error:[/red] {e}", markup=True)
                 return EXIT_USAGE
+            finally:
+                stop_lines.set()
             tick()
     except KeyboardInterrupt:
         camp.interrupted = True
@@ -232,6 +250,9 @@ def cmd_run(args) -> int:
         with open(args.json, "w") as fh:
             json.dump(campaign_record(camp, spec, target, seconds), fh, indent=1)
     return exit_status(camp, args.fail_on_known)
+
+
+PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often when the output is not a terminal
 
 
 def add_parser(sub) -> None:
