@@ -283,6 +283,11 @@ def gdn_verdict(request):
     example (one exception class per signature, so Hypothesis shrinks each apart); the last
     failing example (Hypothesis replays the minimal one last) is written to the corpus, unless
     read-only, when the test ends.
+
+    In a Hypothesis test (@given) the fixture is meant to be shared by every example of the test (it
+    counts them), which Hypothesis' function_scoped_fixture health check refuses by default; give the
+    test `@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])`
+    (tests/test_plugin.py::test_gdn_verdict_in_a_hypothesis_test_needs_the_documented_setting).
     """
     from gdn_fuzz.engine.campaign import failure_class
 

@@ -145,3 +145,36 @@ def test_a_gdn_session_runs_one_campaign_process_per_run(pytester, monkeypatch):
     monkeypatch.setenv("EXPECTED", "3")
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert os.environ["GDN_FUZZ_PROCESSES"] == "3"
+
+
+GIVEN_VERDICT_TEST = '''
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.checks import check_launch
+from gdn_fuzz.targets import get_target
+
+
+@given(seed=st.integers(0, 3))
+{settings}
+def test_launch(gdn_verdict, seed):
+    case = Case(arm="bf16", T=4, H=1, HV=1, pool=1, rows=(Row(0, 3, 0),), seed=seed)
+    t = get_target("reference")
+    gdn_verdict("launch", case, check_launch(t, case), t.name)
+'''
+
+
+@pytest.mark.parametrize("with_setting", [False, True])
+def test_gdn_verdict_in_a_hypothesis_test_needs_the_documented_setting(pytester, tmp_path, with_setting):
+    """The README and the fixture's docstring say a @given test using gdn_verdict needs
+    suppress_health_check=[HealthCheck.function_scoped_fixture]: without it Hypothesis stops the test with
+    FailedHealthCheck, with it the test runs its examples and passes (the reference has no bug)."""
+    pytester.makepyfile(test_given=GIVEN_VERDICT_TEST.format(
+        settings="@settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture])"
+        if with_setting else "@settings(max_examples=3)"))
+    res = pytester.runpytest("--gdn-target", "reference", "--gdn-corpus", str(tmp_path / "c"), "-p", "no:cacheprovider")
+    if with_setting:
+        res.assert_outcomes(passed=1)
+    else:
+        res.assert_outcomes(failed=1)
+        res.stdout.fnmatch_lines(["*FailedHealthCheck*function-scoped fixture*gdn_verdict*"])
