@@ -174,3 +174,29 @@ def test_run_names_a_corrupt_entry(tmp_path, capsys):
     assert rc == 0, out[-2000:]
     assert "corpus: skipped" in out and "launch-0123456789abcdef.json" in out and "truncated JSON" in out, out[-2000:]
     assert "delete it or restore it from git" in out
+
+
+def test_corpus_check_names_each_refused_entry(tmp_path, capsys):
+    """`gdn-fuzz corpus check FOLDER`: every entry read as replay and run read it; each refused one named with the
+    reason (a truncated file, a case field out of bounds), exit 1; a valid corpus exits 0; a missing folder is a
+    usage error (2).  Nothing runs."""
+    import shutil
+
+    from gdn_fuzz import cli
+
+    good = tmp_path / "good"
+    shutil.copytree(corpus.default_dir() if corpus.default_dir().is_dir() else "corpus", good)
+    assert cli.main(["corpus", "check", str(good)]) == 0
+    assert "0 refused" in capsys.readouterr().out
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    (bad / "launch-0123456789abcdef.json").write_text('{"format": "gdn_fuzz.corpus/2", "case": {')
+    one = bad / sorted(p.name for p in good.glob("launch-*.json"))[0]
+    d = json.loads(one.read_text())
+    d["case"]["T"] = 5
+    one.write_text(json.dumps(d))
+    assert cli.main(["corpus", "check", str(bad)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "launch-0123456789abcdef.json: unreadable or truncated JSON" in out and f"{one.name}" in out, out
+    assert "2 refused" in out, out
+    assert cli.main(["corpus", "check", str(tmp_path / "none")]) == 2

@@ -72,7 +72,35 @@ def cmd_replay(args) -> int:
     return 1 if unexpected else 0
 
 
+def cmd_corpus_check(args) -> int:
+    """`gdn-fuzz corpus check [FOLDER...]`: read every entry as replay and run would (format, every field of its
+    case checked against its bounds, status); one line per entry that is refused, exit 1 if any, else 0.  Runs
+    nothing: no target is loaded and no case is materialized."""
+    folders = args.folders or [str(corpus.default_dir())]
+    bad, n = [], 0
+    for f in folders:
+        if not os.path.isdir(f):
+            console.print(f"gdn-fuzz corpus check: {f!r} is not a folder; give corpus folders (default: "
+                          f"{corpus.default_dir()})", markup=False, soft_wrap=True)
+            return EXIT_USAGE
+        for p in corpus.entries(f):
+            n += 1
+            try:
+                corpus.read(p)
+            except corpus.CorpusError as e:
+                bad.append(str(e).splitlines()[0])
+    for why in bad:
+        console.print(why, markup=False, soft_wrap=True)
+    console.print(f"{n} entries read in {', '.join(folders)}: {n - len(bad)} valid, {len(bad)} refused", markup=False)
+    return 1 if bad else 0
+
+
 def add_parser(sub) -> None:
+    cp = sub.add_parser("corpus", help="corpus folders: `corpus check` validates every entry (runs nothing)")
+    csub = cp.add_subparsers(dest="corpus_cmd", required=True)
+    ck = csub.add_parser("check", help="read every entry as replay and run do; name each refused one (exit 1)")
+    ck.add_argument("folders", nargs="*", help="corpus folders (default: $GDN_FUZZ_CORPUS or ./corpus)")
+    ck.set_defaults(func=cmd_corpus_check)
     rp = sub.add_parser("replay", help="re-run corpus entries against their target (or --target)")
     rp.add_argument("entries", nargs="*", help="entry files or folders (default: the corpus folder)")
     rp.add_argument("--target", help="replay against this target instead of each entry's own")
