@@ -412,3 +412,23 @@ def test_run_not_on_a_terminal_prints_progress_lines(capsys, monkeypatch):
                      "--examples", "4", "--no-corpus"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("progress: ")]
     assert lines and "/4 examples" in lines[0] and "examples " in lines[0], lines
+
+
+def test_run_summary_fits_80_columns(capsys, monkeypatch):
+    """On an 80-column console the summary is one row per field and the findings table drops two columns: no
+    line is wider than 80 and no value is cut to an ellipsis (before, 12 columns squeezed the target's name to
+    'mutant:fol…')."""
+    from gdn_fuzz import cli
+    from gdn_fuzz.cli import common
+
+    monkeypatch.setattr(common.console, "width", 80)
+    assert cli.main(["run", "--target", "mutant:fold_skipped", "--arms", "bf16", "--T", "4", "--property", "launch",
+                     "--examples", "6", "--no-corpus"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, max(lines, key=len)
+    summary = out[out.index("gdn-fuzz summary"):]
+    assert "…" not in summary, summary
+    cells = "".join(ch for ch in summary if ch not in "│┃ \n")  # folded cells read back in order
+    assert "targetmutant:fold_skipped" in cells, summary
+    assert "findings by signature" in out and "oracle.fold" in out

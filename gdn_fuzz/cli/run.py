@@ -197,13 +197,23 @@ def cmd_run(args) -> int:
         camp.interrupted = True
         camp.close()
     s = camp.stats
+    narrow = console.width < NARROW_COLUMNS  # an 80-column terminal: tables that fit it
+    fields = (("target", str(target)), ("device", device), ("examples", str(s.examples)),
+              ("structures", str(s.structures)), ("launches", str(s.launches)), ("rounds", str(s.rounds)),
+              ("JIT compiles", str(s.compiles)), ("new findings", str(len(camp.findings))),
+              ("known bugs seen", str(len(camp.known_hits))), ("time", f"{s.elapsed:.1f}s"),
+              ("examples/s", f"{s.rate:.1f}"),
+              ("warm-up", f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-"))
     t = Table(title="gdn-fuzz summary")
-    for col in ("target", "device", "examples", "structures", "launches", "rounds", "JIT compiles", "new findings",
-                "known bugs seen", "time", "examples/s", "warm-up"):
-        t.add_column(col)
-    t.add_row(str(target), device, str(s.examples), str(s.structures), str(s.launches), str(s.rounds), str(s.compiles),
-              str(len(camp.findings)), str(len(camp.known_hits)), f"{s.elapsed:.1f}s", f"{s.rate:.1f}",
-              f"{s.warmup_s:.1f}s, {s.warmup_compiles} compiles" if args.warm_up else "-")
+    if narrow:  # one row per field
+        t.add_column("")
+        t.add_column("", overflow="fold")
+        for k, v in fields:
+            t.add_row(k, v)
+    else:
+        for k, _ in fields:
+            t.add_column(k)
+        t.add_row(*(v for _, v in fields))
     console.print(t)
     if s.grace_s > 0:
         console.print(f"shrinking ran {s.grace_s:.1f}s past the budget (--shrink-grace {camp.shrink_grace_s:g}s)",
@@ -222,14 +232,18 @@ def cmd_run(args) -> int:
     console.print(pt)
     if camp.findings or camp.known_hits:
         ft = Table(title="findings by signature")
-        for col in ("signature", "status", "first at", "examples before", "shrunk", "corpus entry"):
-            ft.add_column(col, overflow="fold")
+        cols = ("signature", "status", "first at", "examples before", "shrunk", "corpus entry")
+        keep = (0, 1, 4, 5) if narrow else range(len(cols))  # narrow: when and after how many examples go
+        for i in keep:
+            ft.add_column(cols[i], overflow="fold")
         for f in camp.findings.values():
-            ft.add_row(f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
-                       f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
-                       "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
+            row = (f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
+                   f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
+                   "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
+            ft.add_row(*(row[i] for i in keep))
         for k in camp.known_summary():
-            ft.add_row(k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
+            row = (k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
+            ft.add_row(*(row[i] for i in keep))
         console.print(ft)
     unwritten = [f for f in camp.findings.values() if f.entry_path is None and f.entry_note]
     if unwritten:  # a read-only corpus or checkout: say so once, with where the cases are
@@ -252,6 +266,7 @@ def cmd_run(args) -> int:
     return exit_status(camp, args.fail_on_known)
 
 
+NARROW_COLUMNS = 120  # below this console width the summary is one row per field and the findings lose 2 columns
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often when the output is not a terminal
 
 
