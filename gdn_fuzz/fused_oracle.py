@@ -266,22 +266,43 @@ def _kernel(interpret: bool):
 
 def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base, flush_min,
              scale, validate):
-    """The kernel's small per-token and per-window inputs, by the spec's functions (gather_window validates the
-    cursors exactly as the spec does: the one check_cursors of a call), and the value-independent fields of the
-    expectation (k_app, g_app, g_mag, slots, flush, pad: ring.appends, the spec's own code)."""
-    H = q.shape[2]
-    HV = v.shape[2]
+    """What launch() and measure() share: the device check, and the kernel's small per-token and per-window
+    inputs by the spec's functions (gather_window validates the cursors exactly as the spec does: the one
+    check_cursors of a call), and the value-independent fields of the expectation (k_app, g_app, g_mag, slots,
+    flush, pad: ring.appends, the spec's own code).  Returns (inputs, W, appends, (B, T, H, K, HV, V))."""
+    why = unavailable(q.device)
+    if why is not None:
+        raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
     g, beta = gdn_oracle.gates(a, dt_bias, A_log, b)  # [B, T, HV]
     q_hat, k_hat = gdn_oracle.normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
     kw, uw, Gw, valid = ring_oracle.gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV,
                                                   validate=validate)
     # the anchor G_P and the window weights w: replay on a zero-width state builds no [V, K] state
-    empty = torch.zeros(q.shape[0], HV, 0, 0, dtype=torch.float64, device=q.device)
+    empty = torch.zeros(B, HV, 0, 0, dtype=torch.float64, device=q.device)
     _, GP, w = ring_oracle.replay(empty, kw[..., :0], uw[..., :0], Gw, valid, hist_len)
     rows = idx.long().clamp(min=0)  # the spec's pool row: pad rows read row 0 (S0 = pool[rows])
-    args = (rows.contiguous(), torch.exp(GP).contiguous(), w.contiguous(), kw.contiguous(), uw.contiguous(),
-            torch.exp(g).contiguous(), beta.contiguous(), q_hat.contiguous(), k_hat.contiguous())
-    return args, w.shape[-1], ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base, flush_min)
+    inputs = (rows.contiguous(), torch.exp(GP).contiguous(), w.contiguous(), kw.contiguous(), uw.contiguous(),
+              torch.exp(g).contiguous(), beta.contiguous(), q_hat.contiguous(), k_hat.contiguous())
+    app = ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base, flush_min)
+    return inputs, w.shape[-1], app, (B, T, H, K, HV, V)
+
+
+def _run(pool, inputs, v, dims, *, unused, W, block_v, num_warps, stores=None, observed=None, **flags):
+    """One launch of the kernel on the grid (V / block_v, HV, n) for the three callers (launch, measure,
+    history).  inputs: rows, e^{G_P}, w, window keys, window updates, e^g, beta, q_hat, k_hat; stores: y,
+    y_mag, U, U_mag, fold, fold_mag (launch, history); observed: (y_out, its strides, u_after, its strides,
+    slots, pool_after, its strides, sums, NVB) (measure).  A pointer a variant never touches is `unused`."""
+    n, T, K, HV, V = dims
+    if not (n and HV and V):
+        return
+    stores = stores or (unused,) * 6
+    yo, sy, uc, su, slots, pa, sa, sums, nvb = observed or (unused, (0,) * 4, unused, (0,) * 4, unused, unused,
+                                                           (0,) * 4, unused, 1)
+    _kernel(_interpreter()[0])[(_cdiv(V, block_v), HV, n)](
+        pool, *pool.stride(), *inputs, v, *v.stride(), *stores, HV, V, K, yo, *sy, uc, *su, slots, pa, *sa, sums,
+        nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps, **flags)
 
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
@@ -289,22 +310,13 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
-    why = unavailable(q.device)
-    if why is not None:
-        raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    args, W, app = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
-                            flush_min, scale, validate)
+    inputs, W, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
+                                                   hist_len, cache_base, flush_min, scale, validate)
     f64 = dict(dtype=torch.float64, device=q.device)
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
-    if B and HV and V:
-        unused = y  # the MEASURE pointers, never read or written here
-        _kernel(_interpreter()[0])[(_cdiv(V, block_v), HV, B)](
-            pool, *pool.stride(), *args, v, *v.stride(), y, y_mag, U, U_mag, fold, fold_mag, HV, V, K,
-            unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
-            T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps)
+    _run(pool, inputs, v, (B, T, K, HV, V), unused=y, W=W, block_v=block_v, num_warps=num_warps,
+         stores=(y, y_mag, U, U_mag, fold, fold_mag))
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -340,25 +352,15 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     launch, rows idx).  Nothing of size [B, HV, V, K] or [B, T, HV, V] is written: the partial sums of one
     program (BLOCK_V value rows) are stored, and added here per (row, v-head).  The same sums as
     checks.summed_errors on launch()'s fields, in another summation order (tests/test_fused_oracle.py)."""
-    why = unavailable(q.device)
-    if why is not None:
-        raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    args, W, app = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
-                            flush_min, scale, validate)
+    inputs, W, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
+                                                   hist_len, cache_base, flush_min, scale, validate)
     nvb = _cdiv(V, block_v)
     sums = torch.zeros(B, HV, nvb, 3, 3, dtype=torch.float64, device=q.device)
-    if B and HV and V:
-        unused = sums  # the stores of launch(), never written here
-        has_y = y_out is not None
-        yo = y_out if has_y else sums
-        sy = y_out.stride() if has_y else (0, 0, 0, 0)
-        _kernel(_interpreter()[0])[(nvb, HV, B)](
-            pool, *pool.stride(), *args, v, *v.stride(), unused, unused, unused, unused, unused, unused, HV, V, K,
-            yo, *sy, u_after, *u_after.stride(), app["slots"].contiguous(), pool_after, *pool_after.stride(),
-            sums, nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps,
-            MEASURE=True, HAS_Y=has_y)
+    has_y = y_out is not None
+    observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
+                app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
+    _run(pool, inputs, v, (B, T, K, HV, V), unused=sums, W=W, block_v=block_v, num_warps=num_warps,
+         observed=observed, MEASURE=True, HAS_Y=has_y)
     return Measured(sums=sums.sum(2), **app)
 
 
@@ -375,15 +377,11 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V, num_warps:
     n, T, HV, K = k_hat.shape
     V = v.shape[-1]
     U = torch.empty(n, T, HV, V, dtype=torch.float64, device=k_hat.device)
-    if n and HV and V:
-        f64 = lambda x: x.to(torch.float64).contiguous()  # noqa: E731
-        kern = _kernel(_interpreter()[0])
-        unused = U  # pointers the HISTORY variant never reads or writes
-        kern[(_cdiv(V, block_v), HV, n)](
-            pool, *pool.stride(), rows.long().contiguous(), unused, unused, unused, unused,
-            f64(torch.exp(g)), f64(beta), unused, f64(k_hat), v, *v.stride(), unused, unused, U, unused,
-            unused, unused, HV, V, K, unused, 0, 0, 0, 0, unused, 0, 0, 0, 0, unused, unused, 0, 0, 0, 0, unused, 1,
-            T=T, W=0, BLOCK_V=block_v, BLOCK_K=_next_pow2(K), num_warps=num_warps, HISTORY=True)
+    f64 = lambda x: x.to(torch.float64).contiguous()  # noqa: E731
+    u = U  # pointers the HISTORY variant never reads or writes
+    inputs = (rows.long().contiguous(), u, u, u, u, f64(torch.exp(g)), f64(beta), u, f64(k_hat))
+    _run(pool, inputs, v, (n, T, K, HV, V), unused=u, W=0, block_v=block_v, num_warps=num_warps,
+         stores=(u, u, U, u, u, u), HISTORY=True)
     return U
 
 
