@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gdn_fuzz import environment
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring as ring_oracle
 
@@ -99,11 +100,8 @@ def unavailable(device) -> str | None:
 
 def choice() -> str:
     """GDN_FUZZ_ORACLE, validated: auto (default), spec or fused."""
-    val = os.environ.get(ENV, "").strip().lower() or "auto"
-    if val not in CHOICES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not a legal oracle choice; use one of {', '.join(CHOICES)} "
-                         "(auto: the fused Triton oracle on a CUDA device where triton imports, else the spec)")
-    return val
+    return environment.choice(ENV, CHOICES, "auto: the fused Triton oracle on a CUDA device where triton imports, "
+                              "else the spec")
 
 
 def oracle_for(device):

@@ -32,7 +32,7 @@ times both.  tests/test_graphs.py checks that a replay gives the eager verdict's
 
 from __future__ import annotations
 
-import os
+import math
 import sys
 import time
 import traceback
@@ -41,6 +41,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+
+from gdn_fuzz import environment
 
 ENV = "GDN_FUZZ_GRAPHS"
 CHOICES = ("auto", "off")
@@ -53,11 +55,8 @@ MIN_POOL_ROWS = 16  # the campaign's small pools (a bucket of 4 or 8 rows + up t
 
 def choice() -> str:
     """GDN_FUZZ_GRAPHS, validated: auto (default) or off."""
-    val = os.environ.get(ENV, "").strip().lower() or "auto"
-    if val not in CHOICES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not a legal choice; use one of {', '.join(CHOICES)} "
-                         "(auto: replay each check as a CUDA graph on a CUDA device; off: run it eagerly)")
-    return val
+    return environment.choice(ENV, CHOICES, "auto: replay each check as a CUDA graph on a CUDA device; off: run it "
+                              "eagerly")
 
 
 @dataclass
@@ -136,14 +135,7 @@ def key(obs) -> tuple:
 
 def static_bytes(obs) -> int:
     """Bytes of the static copies a graph of obs would hold (its before, after and output tensors, padded)."""
-    n = 0
-    for d in (obs.before, obs.after):
-        for k, v in _tensors(d):
-            rows = _shape(k, v)
-            count = 1
-            for x in rows:
-                count *= x
-            n += count * v.element_size()
+    n = sum(math.prod(_shape(k, v)) * v.element_size() for d in (obs.before, obs.after) for k, v in _tensors(d))
     return n + (0 if obs.output is None else obs.output.numel() * obs.output.element_size())
 
 

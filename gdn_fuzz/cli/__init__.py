@@ -28,13 +28,7 @@ COMMANDS = (run, replay, report, studies, serving, releases)
 def version_text() -> str:
     """`gdn-fuzz --version`: this package's version and those of what it drives, read from the installed
     distributions' metadata (nothing is imported)."""
-    from importlib import metadata
-
-    def v(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+    from gdn_fuzz.environment import dist_version as v
 
     return (f"gdn-fuzz {v('gdn-fuzz')} (torch {v('torch')}, hypothesis {v('hypothesis')}, "
             f"flashinfer-python {v('flashinfer-python')}, nvidia-cutlass-dsl {v('nvidia-cutlass-dsl')})")

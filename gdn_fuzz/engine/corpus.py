@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdn_fuzz.environment import dist_version
 from gdn_fuzz.case import Case
 from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.findings import parse_launch
@@ -104,16 +105,13 @@ def _mutant_needs_gpu(target: str) -> bool:
 
 
 def versions() -> dict:
-    import importlib.metadata as md
-
     import torch
 
     out = {"torch": torch.__version__}
     for dist in ("gdn-fuzz", "flashinfer-python", "nvidia-cutlass-dsl", "hypothesis"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
+        v = dist_version(dist, None)
+        if v is not None:
+            out[dist] = v
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
     return out

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import platform
 import subprocess
 import sys
 
 from gdn_fuzz.arms import ARMS
+from gdn_fuzz.environment import dist_version
 from gdn_fuzz.targets import PRODUCTION_MODULE, TargetMismatch, TargetUnavailable, get_target, releases
 
 
-def _version(dist: str) -> str:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return "not installed"
+_version = dist_version  # "not installed" where it is not
 
 
 def report() -> str:

@@ -37,9 +37,10 @@ import os
 import sys
 import tempfile
 import threading
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+
+from gdn_fuzz.environment import dist_version
 
 STORE_ENV = "GDN_FUZZ_KERNEL_STORE"
 OFF = ("off", "0", "none", "false", "no")
@@ -58,10 +59,7 @@ def store_dir() -> Path | None:
 
 
 def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"
+    return dist_version(dist, "absent")  # part of a kernel's identity: keep the word
 
 
 def identity(path: Path, arm_name: str) -> str:
