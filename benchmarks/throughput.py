@@ -10,10 +10,10 @@ compiles are paid there and reported apart):
                the timed region), synchronized
   materialize  the Case's tensors from its seed (gdn_fuzz.case.materialize)
   oracle       the float64 launch expectation alone (gdn_fuzz.checks.expectation)
-  check        what check_launch does after the launch for a passing one: gdn_fuzz.checks.verdict
-               (the fused oracle with the comparison in its kernel, the metrics, the write-set
-               flags), replayed as a CUDA graph per gdn_fuzz.graphs (--graphs), and its one
-               transfer to the host
+  check        what check_launch does after the launch (gdn_fuzz.checks.check_observed): for a
+               passing launch, checks.verdict (the fused oracle with the comparison in its kernel,
+               the metrics, the write-set flags), replayed as a CUDA graph per gdn_fuzz.graphs
+               (--graphs), and its one transfer to the host
   checked      the whole per-example pipeline: materialize from the seed, snapshot, launch,
                oracle, tolerance and write-set checks (gdn_fuzz.checks.check_launch)
 
@@ -132,12 +132,6 @@ def _fused_vs_spec(fused, spec) -> float:
     return worst
 
 
-def _check_only(obs):
-    """What check_launch does after observe() for a passing launch: the verdict (a CUDA-graph replay where
-    gdn_fuzz.graphs captures it) and its one transfer to the host."""
-    return graphs.run(checks.verdict, obs, lambda o: checks._check_case_cursors(o.case)).cpu().tolist()
-
-
 def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",), graph_modes=("auto",)):
     """One shape: bare and materialize once, then oracle, check and checked per oracle and graphs mode (one row
     each)."""
@@ -174,8 +168,8 @@ def bench(target, arm, T, B, H, HV, device, reps, draws="cpu", oracles=("auto",)
             os.environ[graphs.ENV] = gmode
             graphs.reset()
             for _ in range(graphs.CAPTURE_AT + 1):  # the capture (and the measure variant's JIT) outside the timing
-                _check_only(obs)
-            check = _time(lambda: _check_only(obs), reps, device)
+                checks.check_observed(obs)
+            check = _time(lambda: checks.check_observed(obs), reps, device)
             checked = _time(lambda: check_launch(target, case, device), reps, device)
             gs = graphs.stats()
             rows.append(dict(arm=arm, T=T, B=B, H=H, HV=HV, draws=draws, oracle=used, graphs=gmode, warmup_s=warm,

@@ -70,11 +70,11 @@ def _oracle_inputs(obs: Observation, flush_min=None) -> dict:
         validate=validate)
 
 
-def expectation(obs: Observation) -> ring_oracle.LaunchExpectation:
+def expectation(obs: Observation, flush_min=None) -> ring_oracle.LaunchExpectation:
     """The float64 expectation of the observed launch: oracles.ring.launch (the spec), or the same
     numbers from the fused Triton oracle (gdn_fuzz.fused_oracle) where GDN_FUZZ_ORACLE picks it
-    (auto, the default: on a CUDA device where triton imports; spec; fused)."""
-    return fused_oracle.oracle_for(obs.before["q"].device)(**_oracle_inputs(obs))
+    (auto, the default: on a CUDA device where triton imports; spec; fused).  flush_min as in _oracle_inputs."""
+    return fused_oracle.oracle_for(obs.before["q"].device)(**_oracle_inputs(obs, flush_min))
 
 
 def summed_errors(obs: Observation, e: ring_oracle.LaunchExpectation) -> torch.Tensor:
@@ -107,7 +107,7 @@ def measure(obs: Observation, flush_min=None):
         m = fused_oracle.measure(**_oracle_inputs(obs, flush_min), y_out=obs.output, u_after=a["u_cache"],
                                  pool_after=a["initial_state_source"])
         return m, m.sums
-    e = fused_oracle.oracle_for(obs.before["q"].device)(**_oracle_inputs(obs, flush_min))
+    e = expectation(obs, flush_min)
     return e, summed_errors(obs, e)
 
 
@@ -170,7 +170,7 @@ def summary_tensor(metrics: dict[str, Metric]) -> torch.Tensor:
     worst live (row, head), then the worst rel per row [B] and the live rows [B]; summarize() reads it back."""
     parts = [torch.cat([_worst_on_device(m.ratio, m.rel, m.live), m.rel.double().amax(1), m.live.double()])
              for m in metrics.values()]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return torch.cat(parts)
 
 
 def read_summary(flat: list, shapes: dict[str, tuple]) -> dict[str, MetricSummary]:
@@ -369,9 +369,8 @@ def _mapped_either(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor | None:
     return None if rb is None or ra is None else (rb | ra).nonzero().squeeze(1)
 
 
-def row_metrics(metrics: dict[str, Metric], summary: dict[str, MetricSummary] | None = None) -> dict:
+def row_metrics(summary: dict[str, MetricSummary]) -> dict:
     """Worst error / magnitude per row and output (None where the row has no such output)."""
-    summary = summarize(metrics) if summary is None else summary
     return {name: [v if live else None for v, live in zip(sm.row_rel, sm.live)] for name, sm in summary.items()}
 
 
@@ -423,5 +422,5 @@ def check_observed(obs: Observation) -> Findings:
     else:  # the evidence, eagerly: check_oracle reads the flush rows, check_writes finds where a write landed
         e, _ = measure(obs)
         res = Findings(check_oracle(obs, e, summary=summary) + check_writes(obs))
-    res.metrics = row_metrics({}, summary)
+    res.metrics = row_metrics(summary)
     return attach(res, launch_record(case))

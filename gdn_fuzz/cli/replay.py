@@ -77,18 +77,13 @@ def cmd_corpus_check(args) -> int:
     case checked against its bounds, status); one line per entry that is refused, exit 1 if any, else 0.  Runs
     nothing: no target is loaded and no case is materialized."""
     folders = args.folders or [str(corpus.default_dir())]
-    bad, n = [], 0
     for f in folders:
         if not os.path.isdir(f):
             console.print(f"gdn-fuzz corpus check: {f!r} is not a folder; give corpus folders (default: "
                           f"{corpus.default_dir()})", markup=False, soft_wrap=True)
             return EXIT_USAGE
-        for p in corpus.entries(f):
-            n += 1
-            try:
-                corpus.read(p)
-            except corpus.CorpusError as e:
-                bad.append(str(e).splitlines()[0])
+    bad = [why for f in folders for why in corpus.unreadable(f)]
+    n = sum(len(corpus.entries(f)) for f in folders)
     for why in bad:
         console.print(why, markup=False, soft_wrap=True)
     console.print(f"{n} entries read in {', '.join(folders)}: {n - len(bad)} valid, {len(bad)} refused", markup=False)
