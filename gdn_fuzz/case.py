@@ -500,7 +500,7 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=bulk, device=bd)).float()
     u_cache = torch.randn(NP, HV, RING_SLOTS, V, generator=bulk, device=bd) * reg.v_scale
     g_cache = -torch.rand(NP, HV, RING_SLOTS, generator=bulk, device=bd) * 4.0
-    pool, k_cache, u_cache, g_cache = (x.to(hdev) for x in (pool, k_cache, u_cache, g_cache))
+    pool, k_cache, u_cache, g_cache = (to_device(x, hdev) for x in (pool, k_cache, u_cache, g_cache))
     A_io = A_log.to(arm.io)
     dt_io = dt_bias.to(arm.io)
     _fill_windows(case, gen, bulk, pool.to(arm.state), k_cache, u_cache, g_cache, A_io, dt_io)
@@ -508,15 +508,15 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
         _poison(case, pool, k_cache, u_cache, g_cache)
     idx = torch.tensor([r.slot for r in case.rows], dtype=torch.int32)
     return dict(
-        A_log=A_io.to(dev), dt_bias=dt_io.to(dev),
-        a=a.to(arm.io).to(dev), b=b.to(arm.io).to(dev),
-        q=q.to(arm.io).to(dev), k=k.to(arm.io).to(dev), v=v.to(arm.io).to(dev),
-        initial_state_source=pool.to(arm.state).to(dev),
-        initial_state_indices=idx.to(dev),
-        k_cache=k_cache.to(arm.ring).to(dev), u_cache=u_cache.to(arm.ring).to(dev),
-        g_cache=g_cache.float().to(dev),
-        hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32).to(dev),
-        cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32).to(dev),
+        A_log=to_device(A_io, dev), dt_bias=to_device(dt_io, dev),
+        a=to_device(a.to(arm.io), dev), b=to_device(b.to(arm.io), dev),
+        q=to_device(q.to(arm.io), dev), k=to_device(k.to(arm.io), dev), v=to_device(v.to(arm.io), dev),
+        initial_state_source=to_device(pool.to(arm.state), dev),
+        initial_state_indices=to_device(idx, dev),
+        k_cache=to_device(k_cache.to(arm.ring), dev), u_cache=to_device(u_cache.to(arm.ring), dev),
+        g_cache=to_device(g_cache.float(), dev),
+        hist_len=to_device(torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32), dev),
+        cache_base=to_device(torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32), dev),
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
@@ -541,6 +541,24 @@ def _materialize_rows(case: Case, device, history_device) -> dict:
         inputs[name] = big
     inputs["initial_state_indices"] = torch.tensor([r.slot for r in case.rows], dtype=torch.int32).to(dev)
     return inputs
+
+
+PINNED_MAX_BYTES = 1 << 20  # a CPU tensor up to this size goes to a CUDA device through pinned memory (to_device)
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """t on `device`, the same bits.  A small CPU tensor (<= PINNED_MAX_BYTES) bound for a CUDA device is
+    copied into pinned memory and sent with a non-blocking copy.  A copy from pageable memory holds the host
+    until the GPU has run what was queued before it: in the H200 profile of one checked launch per shape
+    (docs/benchmarks.md, run 52), 92 cudaMemcpyAsync calls took 52 us of host time each on average, and most of
+    materialize's were such copies of gates and indices.  torch's caching host allocator keeps the pinned block
+    until the copy has run.  Larger tensors (a CPU-drawn pool) take the plain copy: pinning them costs a host
+    copy of their size."""
+    dev = torch.device(device)
+    if (dev.type == "cuda" and t.device.type == "cpu"
+            and t.numel() * t.element_size() <= PINNED_MAX_BYTES):
+        return t.pin_memory().to(dev, non_blocking=True)
+    return t.to(dev)
 
 
 def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -591,31 +609,32 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
     if n == 0:
         return
     dev = k_cache.device
-    ha, hb = ha.to(arm.io).to(dev), hb.to(arm.io).to(dev)
-    A_io, dt_io = A_io.to(dev), dt_io.to(dev)
+    ha, hb = to_device(ha.to(arm.io), dev), to_device(hb.to(arm.io), dev)
+    A_io, dt_io = to_device(A_io, dev), to_device(dt_io, dev)
     if reg.history == "consistent":
         g, beta = gdn_oracle.gates(ha, dt_io, A_io, hb)
-        hk_io = hk.to(arm.io).to(dev)
+        hk_io = to_device(hk.to(arm.io), dev)
         _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
-        slots = torch.tensor([r.slot for r in live], device=dev)
+        slots = to_device(torch.tensor([r.slot for r in live]), dev)
+        hv_io = to_device(hv_.to(arm.io), dev)
         if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
             # the same recurrence in one Triton kernel (GDN_FUZZ_ORACLE picks it as it picks the oracle)
-            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_.to(arm.io).to(dev))
+            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_io)
         else:
-            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_.to(arm.io).to(dev), g,
+            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_io, g,
                                             beta, keep_states=False)
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
     elif reg.history == "free":
-        kw = gdn_oracle.l2norm(hk).to(dev)
-        U = hv_.double().to(dev) * 0.5
+        kw = to_device(gdn_oracle.l2norm(hk), dev)
+        U = to_device(hv_.double(), dev) * 0.5
         g, _ = gdn_oracle.gates(ha, dt_io, A_io, hb)
         Gc = torch.cumsum(g, 1)
     else:
         raise ValueError(f"regime.history={reg.history!r}; use one of {HISTORIES}")
     m_, j_, s_ = _windows(live, W_RING)
     row_ = torch.tensor([r.slot for r in live], dtype=torch.long)[m_]
-    m_, j_, s_, row_ = (x.to(dev) for x in (m_, j_, s_, row_))
+    m_, j_, s_, row_ = (to_device(x, dev) for x in (m_, j_, s_, row_))
     # rows sit on distinct slots and a window holds distinct ring slots: no write collides
     k_cache.permute(0, 2, 1, 3)[row_, s_] = kw[m_, j_].float()  # [n_records, H, K]
     u_cache.permute(0, 2, 1, 3)[row_, s_] = U[m_, j_].float()  # [n_records, HV, V]
@@ -633,7 +652,7 @@ def _poison(case: Case, pool, k_cache, u_cache, g_cache):
         used[slot] = True
         m_, _, s_ = _windows(real)
         keep[slot[m_], s_] = True
-    keep, used = keep.to(k_cache.device), used.to(pool.device)
+    keep, used = to_device(keep, k_cache.device), to_device(used, pool.device)
     pool.masked_fill_(~used[:, None, None, None], nan)
     k_cache.masked_fill_(~keep[:, None, :, None], nan)
     u_cache.masked_fill_(~keep[:, None, :, None], nan)

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from gdn_fuzz import environment
+from gdn_fuzz.observation import copy_bits
 
 ENV = "GDN_FUZZ_GRAPHS"
 CHOICES = ("auto", "off")
@@ -172,17 +173,21 @@ class _Graph:
 
     def load(self, obs) -> None:
         n = obs.before["initial_state_source"].shape[0]
-        for static, src in ((self.before, obs.before), (self.after, obs.after)):
-            for k, v in _tensors(src):
+        dst, src = [], []
+        for static, source in ((self.before, obs.before), (self.after, obs.after)):
+            for k, v in _tensors(source):
                 if _padded(k, v):
-                    static[k][:n].copy_(v)
+                    dst.append(static[k][:n])
                     if n < self.rows:  # the previous launch's rows past this pool: zeros again, before and after
                         static[k][n:self.rows].zero_()
                 else:
-                    static[k].copy_(v)
-        self.rows = n
+                    dst.append(static[k])
+                src.append(v)
         if self.output is not None:
-            self.output.copy_(obs.output)
+            dst.append(self.output)
+            src.append(obs.output)
+        copy_bits(dst, src)
+        self.rows = n
         self.flush_min.fill_(obs.case.fmin)
 
     def run(self, obs) -> torch.Tensor:

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Regime, Row, materialize
-from gdn_fuzz.observation import observe
+from gdn_fuzz.observation import observe, same_bits
 from gdn_fuzz.oracles import ring
 from gdn_fuzz.strategies import case_events, cases
 from gdn_fuzz.targets import get_target
@@ -250,6 +250,31 @@ def test_materialize_on_cuda_uses_the_fused_history(monkeypatch):
     # at most one ulp <= 2^-23 |u| apart (unless a u cancels to ~1e-8 of its magnitude).  The factor 2 is
     # slack beyond that bound, not derived.  Passed on the H200, docs/h200-results.md run 27.
     assert torch.all((u_f - u_s).abs() <= 2.0 ** -23 * u_s.abs().clamp(min=1e-30) * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: only a copy to CUDA goes through "
+                    "pinned memory (case.to_device); on a CPU it is the plain copy")
+@pytest.mark.parametrize("draws, history, poison", [("cuda", "consistent", False), ("cuda", "free", True),
+                                                    ("cpu", "consistent", True)])
+def test_materialize_pinned_copies_give_the_plain_bits(monkeypatch, draws, history, poison):
+    """case.to_device's pinned, non-blocking copies give every tensor of materialize() the bits, dtype, shape and
+    strides of the plain (pageable) copies it replaced, so corpus entries replay the same launch."""
+    import gdn_fuzz.case as case_mod
+
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=6, seed=7, draws=draws,
+                regime=Regime(history=history, poison=poison),
+                rows=(Row(3, 16, 20), Row(0, 9, 30), Row(2, 0, 0), Row(-1, 0, 0)))
+    pinned = materialize(case, "cuda")
+    monkeypatch.setattr(case_mod, "to_device", lambda t, device: t.to(device))
+    plain = materialize(case, "cuda")
+    assert pinned.keys() == plain.keys()
+    for name, t in plain.items():
+        if not isinstance(t, torch.Tensor):
+            assert pinned[name] == t, name
+            continue
+        p = pinned[name]
+        assert (p.dtype, p.shape, p.stride(), p.device) == (t.dtype, t.shape, t.stride(), t.device), name
+        assert bool(same_bits(p, t).all()), name
 
 
 def _validates_like_the_spec():

@@ -287,6 +287,10 @@ class Campaign:
             return self._worker.graph_counts
         return graphs.stats().counts()
 
+    def worker_startups(self) -> list[dict]:
+        """Worker.startups of the isolated worker (every process it started), or [] without isolation."""
+        return [] if self._worker is None else list(self._worker.startups)
+
     def _compiles(self) -> int:
         if self._worker is not None:
             return self._worker.compiles

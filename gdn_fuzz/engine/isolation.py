@@ -227,15 +227,17 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     # Ctrl-C reaches the whole process group: the parent stops the campaign and closes this
     # worker; dying here first would look like a crash of the case in flight.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    t0 = time.monotonic()
     try:
         target = get_target(target_name)
+        t1 = time.monotonic()
         prep = oracle_to_prepare(target, device, oracle_arms, oracle_Ts)
         if prep is not None:
             prepare_oracle(device, *prep)  # the oracle's compiles, before any check is timed
     except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))
         return
-    conn.send(("ready", None, 0))
+    conn.send(("ready", dict(target_s=round(t1 - t0, 3), oracle_s=round(time.monotonic() - t1, 3)), 0))
     arms_seen: set = set()  # compiles are counted over every arm this worker loaded
     while True:
         try:
@@ -335,6 +337,10 @@ class Worker:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
             self._cleanup = None
         self._owner_pid = os.getpid()
+        # one entry per worker process started: seconds from the start to 'ready' (ready_s), of which loading the
+        # target (target_s) and compiling the oracle (oracle_s), then the first check's seconds and JIT compiles
+        # (first_check_s, first_check_compiles): where a campaign's first seconds go (issue 32)
+        self.startups: list[dict] = []
         self.restarts = 0
         self.recycles = 0
         self.last_recycle_reason = ""
@@ -386,6 +392,7 @@ class Worker:
         the worker cannot start (the target cannot be loaded, the process dies or stalls)."""
         if self._proc is not None and self._proc.is_alive():
             return
+        t_start = time.monotonic()
         ctx = _context()
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
@@ -410,6 +417,7 @@ class Worker:
                     why = f"died while starting ({self._exit_words(proc)[0]})"
                     continue
                 if kind == "ready":
+                    self.startups.append(dict(ready_s=round(time.monotonic() - t_start, 3), **(payload or {})))
                     return
                 why = f"could not load target {self.target_name!r}: {_first_line(payload)}"
             elif not proc.is_alive():
@@ -519,6 +527,8 @@ class Worker:
         raise SetupError(f"device {self.device!r} is not usable for target {self.target_name}: {_first_line(text)}")
 
     def _measured(self, dt: float) -> None:
+        if self._checks_in_worker == 0 and self.startups:
+            self.startups[-1].update(first_check_s=round(dt, 3), first_check_compiles=self.compiles - self._compiles_before)
         self.last_check_s = dt
         self.max_check_s = dt if self.max_check_s is None else max(self.max_check_s, dt)
         self._times.append(dt)
