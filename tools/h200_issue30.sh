@@ -123,7 +123,7 @@ for step in "$@"; do
       # issue 32: the comparison in the fused oracle's kernel and the CUDA-graph replay of the check, on the GPU
       need_bundle
       timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py -p no:cacheprovider -q -rfEsx \
-        -k "cuda or graph or replay or same_with or static or eager or key" > "$R/$step.txt" 2>&1
+        -k "cuda or graph or replay or same_with or static or eager or key or pinned or copy_bits" > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     g32table|g32camp|g32product)
       # issue 32: this tree and the base tree (BASE_TAR, unpacked to /tmp/base) side by side in one run
