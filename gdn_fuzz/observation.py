@@ -73,7 +73,8 @@ def copy_bits(dst: list, src: list) -> None:
     takes a plain copy_."""
     groups: dict = {}
     for d, s in zip(dst, src, strict=True):
-        if d.dtype != s.dtype or d.shape != s.shape or d.dim() == 0 or d.element_size() not in _INT_OF_SIZE:
+        if (d.device.type != "cuda" or d.dtype != s.dtype or d.shape != s.shape or d.dim() == 0
+                or d.element_size() not in _INT_OF_SIZE):  # on a CPU a copy costs no launch: torch's foreach is slower
             d.copy_(s)
             continue
         it = _INT_OF_SIZE[d.element_size()]

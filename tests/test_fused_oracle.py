@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Regime, Row, materialize
-from gdn_fuzz.observation import observe, same_bits
+from gdn_fuzz.observation import observe, same_bits as bit_equal
 from gdn_fuzz.oracles import ring
 from gdn_fuzz.strategies import case_events, cases
 from gdn_fuzz.targets import get_target
@@ -274,7 +274,7 @@ def test_materialize_pinned_copies_give_the_plain_bits(monkeypatch, draws, histo
             continue
         p = pinned[name]
         assert (p.dtype, p.shape, p.stride(), p.device) == (t.dtype, t.shape, t.stride(), t.device), name
-        assert bool(same_bits(p, t).all()), name
+        assert bool(bit_equal(p, t).all()), name
 
 
 def _validates_like_the_spec():
