@@ -3,8 +3,8 @@
 Three A/B pairs, each timed on the same case, alternating A and B for --reps rounds (the median of each side, in
 ms; a synchronize before and after every call):
 
-  materialize   gdn_fuzz.case.materialize with case.to_device (small CPU tensors through pinned memory,
-                non-blocking) against the plain `.to(device)` copies it replaced
+  materialize   gdn_fuzz.case.materialize with case.send (its small CPU tensors packed into one pinned buffer,
+                one non-blocking copy) against the plain `.to(device)` copy of each that it replaced
   snapshot      observation.clone_inputs (empty_like + copy_bits: one multi-tensor copy per element size)
                 against one Tensor.clone per tensor
   static load   a CUDA graph's static copies loaded by copy_bits against one copy_ per tensor
@@ -56,12 +56,12 @@ def ab(fa, fb, reps, device):
 
 
 def plain_materialize(case, device):
-    real = case_mod.to_device
-    case_mod.to_device = lambda t, dev: t.to(dev)
+    real = case_mod.send
+    case_mod.send = lambda dev, tensors: {k: t.to(dev) for k, t in tensors.items()}
     try:
         return materialize(case, device)
     finally:
-        case_mod.to_device = real
+        case_mod.send = real
 
 
 def main(argv=None):

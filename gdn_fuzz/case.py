@@ -500,23 +500,36 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=bulk, device=bd)).float()
     u_cache = torch.randn(NP, HV, RING_SLOTS, V, generator=bulk, device=bd) * reg.v_scale
     g_cache = -torch.rand(NP, HV, RING_SLOTS, generator=bulk, device=bd) * 4.0
-    pool, k_cache, u_cache, g_cache = (to_device(x, hdev) for x in (pool, k_cache, u_cache, g_cache))
+    wd = _window_draws(case, gen, bulk)  # the history's draws, after the rings' (the draw order is fixed)
     A_io = A_log.to(arm.io)
     dt_io = dt_bias.to(arm.io)
-    _fill_windows(case, gen, bulk, pool.to(arm.state), k_cache, u_cache, g_cache, A_io, dt_io)
+    # every small CPU tensor of the launch and of the window fill, in one transfer per device (send)
+    host = dict(A_log=A_io, dt_bias=dt_io, a=a.to(arm.io), b=b.to(arm.io),
+                initial_state_indices=torch.tensor([r.slot for r in case.rows], dtype=torch.int32),
+                hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32),
+                cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32))
+    fill = _window_inputs(case, wd, A_io, dt_io)
     if reg.poison:
-        _poison(case, pool, k_cache, u_cache, g_cache)
-    idx = torch.tensor([r.slot for r in case.rows], dtype=torch.int32)
+        fill.update(_poison_masks(case))
+    if hdev == dev:
+        sent = send(dev, {**host, **{"fill." + n: t for n, t in fill.items()}})
+        fill = {n: sent.pop("fill." + n) for n in fill}
+    else:
+        sent, fill = send(dev, host), send(hdev, fill)
+    pool, k_cache, u_cache, g_cache = send(hdev, dict(pool=pool, k_cache=k_cache, u_cache=u_cache,
+                                                      g_cache=g_cache)).values()
+    _fill_windows(case, wd, fill, pool.to(arm.state), k_cache, u_cache, g_cache)
+    if reg.poison:
+        _poison(pool, k_cache, u_cache, g_cache, fill["keep"], fill["used"])
+    big = send(dev, dict(q=q.to(arm.io), k=k.to(arm.io), v=v.to(arm.io), initial_state_source=pool.to(arm.state),
+                         k_cache=k_cache.to(arm.ring), u_cache=u_cache.to(arm.ring), g_cache=g_cache.float()))
     return dict(
-        A_log=to_device(A_io, dev), dt_bias=to_device(dt_io, dev),
-        a=to_device(a.to(arm.io), dev), b=to_device(b.to(arm.io), dev),
-        q=to_device(q.to(arm.io), dev), k=to_device(k.to(arm.io), dev), v=to_device(v.to(arm.io), dev),
-        initial_state_source=to_device(pool.to(arm.state), dev),
-        initial_state_indices=to_device(idx, dev),
-        k_cache=to_device(k_cache.to(arm.ring), dev), u_cache=to_device(u_cache.to(arm.ring), dev),
-        g_cache=to_device(g_cache.float(), dev),
-        hist_len=to_device(torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32), dev),
-        cache_base=to_device(torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32), dev),
+        A_log=sent["A_log"], dt_bias=sent["dt_bias"], a=sent["a"], b=sent["b"],
+        q=big["q"], k=big["k"], v=big["v"],
+        initial_state_source=big["initial_state_source"],
+        initial_state_indices=sent["initial_state_indices"],
+        k_cache=big["k_cache"], u_cache=big["u_cache"], g_cache=big["g_cache"],
+        hist_len=sent["hist_len"], cache_base=sent["cache_base"],
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
@@ -543,22 +556,46 @@ def _materialize_rows(case: Case, device, history_device) -> dict:
     return inputs
 
 
-PINNED_MAX_BYTES = 1 << 20  # a CPU tensor up to this size goes to a CUDA device through pinned memory (to_device)
+PINNED_MAX_BYTES = 1 << 20  # CPU tensors up to this size go to a CUDA device together, through pinned memory (send)
+SEND_ALIGN = 512  # bytes: where each tensor starts in send()'s buffer (the caching allocator's block size)
 
 
-def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """t on `device`, the same bits.  A small CPU tensor (<= PINNED_MAX_BYTES) bound for a CUDA device is
-    copied into pinned memory and sent with a non-blocking copy.  A copy from pageable memory holds the host
-    until the GPU has run what was queued before it: in the H200 profile of one checked launch per shape
-    (docs/benchmarks.md, run 52), 92 cudaMemcpyAsync calls took 52 us of host time each on average, and most of
-    materialize's were such copies of gates and indices.  torch's caching host allocator keeps the pinned block
-    until the copy has run.  Larger tensors (a CPU-drawn pool) take the plain copy: pinning them costs a host
-    copy of their size."""
+def send(device, tensors: dict) -> dict:
+    """The tensors on `device`, the same bits, dtypes and shapes (the same keys, in order).
+
+    On a CUDA device the small CPU tensors (<= PINNED_MAX_BYTES each) are packed into one pinned buffer and sent
+    with one non-blocking copy; each comes back as a contiguous view of that buffer's device copy, starting at a
+    multiple of SEND_ALIGN bytes.  Why (docs/benchmarks.md, H200, benchmarks/host_copies.py): a copy from
+    pageable memory holds the host until the GPU has run what was queued before it; materialize made 16 such
+    copies per launch, and pinning each on its own cost more than the waits it saved at B = 8.  torch's caching
+    host allocator keeps the pinned buffer until the copy has run.  Anything else -- larger tensors (a CPU-drawn
+    pool: pinning costs a host copy of its size), tensors already on a device, any other device -- takes .to()."""
     dev = torch.device(device)
-    if (dev.type == "cuda" and t.device.type == "cpu"
-            and t.numel() * t.element_size() <= PINNED_MAX_BYTES):
-        return t.pin_memory().to(dev, non_blocking=True)
-    return t.to(dev)
+    small = {}
+    if dev.type == "cuda":
+        small = {k: t for k, t in tensors.items()
+                 if t.device.type == "cpu" and t.numel() * t.element_size() <= PINNED_MAX_BYTES}
+    offsets, total = {}, 0
+    for k, t in small.items():
+        offsets[k] = total
+        total += -(-max(t.numel() * t.element_size(), 1) // SEND_ALIGN) * SEND_ALIGN
+    on_dev = None
+    if small:
+        host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+        for k, t in small.items():
+            n = t.numel() * t.element_size()
+            if n:
+                host[offsets[k]:offsets[k] + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
+        on_dev = host.to(dev, non_blocking=True)
+    out = {}
+    for k, t in tensors.items():
+        if k not in small:
+            out[k] = t.to(dev)
+            continue
+        n = t.numel() * t.element_size()
+        out[k] = (on_dev[offsets[k]:offsets[k] + n].view(t.dtype).view(t.shape) if n
+                  else torch.empty(t.shape, dtype=t.dtype, device=dev))
+    return out
 
 
 def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -586,37 +623,61 @@ def _windows(rows, max_len: int | None = None):
     return m_, j_, (base[m_] + j_) & (RING_SLOTS - 1)
 
 
-def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, A_io, dt_io):
+def _window_draws(case: Case, gen, bulk) -> dict:
+    """The draws of the window fill, made for every case (even with no window) so that a row's values depend on
+    the seed only: history keys and values from `bulk` (= gen when case.draws == "cpu"), decay and beta from
+    gen, in this order."""
+    n = len(_live(case))
+    H, HV, K, V = case.H, case.HV, case.K, case.V
+    reg = case.regime
+    hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
+    hv = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
+    _, _, ha = decay_params(reg, gen, max(n, 1), W_RING, HV)
+    hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
+    return dict(hk=hk, hv=hv, ha=ha, hb=hb)
+
+
+def _live(case: Case) -> list:
+    return [r for r in case.rows if not r.pad and r.hist_len > 0]
+
+
+def _window_inputs(case: Case, wd: dict, A_io, dt_io) -> dict:
+    """The small tensors _fill_windows needs on the caches' device, made on the CPU (send moves them at once):
+    the gates' inputs in the IO dtype, and (row, j, slot) of every window record with each row's pool slot."""
+    arm = case.arm_spec
+    live = _live(case)
+    out = dict(ha=wd["ha"].to(arm.io), hb=wd["hb"].to(arm.io), A=A_io, dt=dt_io)
+    if case.regime.history == "consistent":
+        out["slots"] = torch.tensor([r.slot for r in live], dtype=torch.long)
+    if live:
+        m_, j_, s_ = _windows(live, W_RING)
+        out.update(m=m_, j=j_, s=s_, row=torch.tensor([r.slot for r in live], dtype=torch.long)[m_])
+    return out
+
+
+def _fill_windows(case: Case, wd: dict, fill: dict, pool_state, k_cache, u_cache, g_cache):
     """Write each non-pad row's P window records at slot (base + j) & 31, j < P.
 
     consistent: run W_RING history tokens through the float64 recurrence from the row's
     checkpoint and record (k_hat, U, G cumulative from the checkpoint), as earlier launches
     would have; free: random normalized keys, random updates, decreasing G.
-    History keys and values come from `bulk` (= gen when case.draws == "cpu"), decay
-    and beta from gen.  Everything after the draws runs on the caches' device, with one
-    indexed write per buffer for all rows.
+    wd: _window_draws; fill: _window_inputs on the caches' device.  Everything runs on the caches'
+    device, with one indexed write per buffer for all rows.
     """
     arm = case.arm_spec
-    live = [r for r in case.rows if not r.pad and r.hist_len > 0]
-    n = len(live)
-    H, HV, K, V = case.H, case.HV, case.K, case.V
-    reg = case.regime
-    # drawn for every case (even with no window) so that a row's values depend on the seed only
-    hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
-    hv_ = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
-    _, _, ha = decay_params(reg, gen, max(n, 1), W_RING, HV)
-    hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
-    if n == 0:
+    if not _live(case):
         return
+    HV, H = case.HV, case.H
+    reg = case.regime
     dev = k_cache.device
-    ha, hb = to_device(ha.to(arm.io), dev), to_device(hb.to(arm.io), dev)
-    A_io, dt_io = to_device(A_io, dev), to_device(dt_io, dev)
+    hk, hv_ = wd["hk"], wd["hv"]
+    ha, hb, A_io, dt_io = fill["ha"], fill["hb"], fill["A"], fill["dt"]
     if reg.history == "consistent":
         g, beta = gdn_oracle.gates(ha, dt_io, A_io, hb)
-        hk_io = to_device(hk.to(arm.io), dev)
+        hk_io = hk.to(arm.io).to(dev)
         _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
-        slots = to_device(torch.tensor([r.slot for r in live]), dev)
-        hv_io = to_device(hv_.to(arm.io), dev)
+        slots = fill["slots"]
+        hv_io = hv_.to(arm.io).to(dev)
         if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
             # the same recurrence in one Triton kernel (GDN_FUZZ_ORACLE picks it as it picks the oracle)
             U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_io)
@@ -626,33 +687,36 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
     elif reg.history == "free":
-        kw = to_device(gdn_oracle.l2norm(hk), dev)
-        U = to_device(hv_.double(), dev) * 0.5
+        kw = gdn_oracle.l2norm(hk).to(dev)
+        U = hv_.double().to(dev) * 0.5
         g, _ = gdn_oracle.gates(ha, dt_io, A_io, hb)
         Gc = torch.cumsum(g, 1)
     else:
         raise ValueError(f"regime.history={reg.history!r}; use one of {HISTORIES}")
-    m_, j_, s_ = _windows(live, W_RING)
-    row_ = torch.tensor([r.slot for r in live], dtype=torch.long)[m_]
-    m_, j_, s_, row_ = (to_device(x, dev) for x in (m_, j_, s_, row_))
+    m_, j_, s_, row_ = fill["m"], fill["j"], fill["s"], fill["row"]
     # rows sit on distinct slots and a window holds distinct ring slots: no write collides
     k_cache.permute(0, 2, 1, 3)[row_, s_] = kw[m_, j_].float()  # [n_records, H, K]
     u_cache.permute(0, 2, 1, 3)[row_, s_] = U[m_, j_].float()  # [n_records, HV, V]
     g_cache.permute(0, 2, 1)[row_, s_] = Gc[m_, j_].float()  # [n_records, HV]
 
 
-def _poison(case: Case, pool, k_cache, u_cache, g_cache):
-    """NaN in every ring slot outside the windows and in pool rows no batch row uses (R1)."""
-    nan = float("nan")
+def _poison_masks(case: Case) -> dict:
+    """(keep, used) of _poison, on the CPU: window slots of used pool rows [pool, 32], pool rows a real row uses."""
     real = [r for r in case.rows if not r.pad]
-    keep = torch.zeros(case.pool, RING_SLOTS, dtype=torch.bool)  # window slots of used pool rows
+    keep = torch.zeros(case.pool, RING_SLOTS, dtype=torch.bool)
     used = torch.zeros(case.pool, dtype=torch.bool)
     if real:
         slot = torch.tensor([r.slot for r in real], dtype=torch.long)
         used[slot] = True
         m_, _, s_ = _windows(real)
         keep[slot[m_], s_] = True
-    keep, used = to_device(keep, k_cache.device), to_device(used, pool.device)
+    return dict(keep=keep, used=used)
+
+
+def _poison(pool, k_cache, u_cache, g_cache, keep, used):
+    """NaN in every ring slot outside the windows and in pool rows no batch row uses (R1); keep, used:
+    _poison_masks on the buffers' device."""
+    nan = float("nan")
     pool.masked_fill_(~used[:, None, None, None], nan)
     k_cache.masked_fill_(~keep[:, None, :, None], nan)
     u_cache.masked_fill_(~keep[:, None, :, None], nan)
