@@ -500,36 +500,23 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
     k_cache = gdn_oracle.l2norm(torch.randn(NP, H, RING_SLOTS, K, generator=bulk, device=bd)).float()
     u_cache = torch.randn(NP, HV, RING_SLOTS, V, generator=bulk, device=bd) * reg.v_scale
     g_cache = -torch.rand(NP, HV, RING_SLOTS, generator=bulk, device=bd) * 4.0
-    wd = _window_draws(case, gen, bulk)  # the history's draws, after the rings' (the draw order is fixed)
+    pool, k_cache, u_cache, g_cache = (x.to(hdev) for x in (pool, k_cache, u_cache, g_cache))
     A_io = A_log.to(arm.io)
     dt_io = dt_bias.to(arm.io)
-    # every small CPU tensor of the launch and of the window fill, in one transfer per device (send)
-    host = dict(A_log=A_io, dt_bias=dt_io, a=a.to(arm.io), b=b.to(arm.io),
-                initial_state_indices=torch.tensor([r.slot for r in case.rows], dtype=torch.int32),
-                hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32),
-                cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32))
-    fill = _window_inputs(case, wd, A_io, dt_io)
+    _fill_windows(case, gen, bulk, pool.to(arm.state), k_cache, u_cache, g_cache, A_io, dt_io)
     if reg.poison:
-        fill.update(_poison_masks(case))
-    if hdev == dev:
-        sent = send(dev, {**host, **{"fill." + n: t for n, t in fill.items()}})
-        fill = {n: sent.pop("fill." + n) for n in fill}
-    else:
-        sent, fill = send(dev, host), send(hdev, fill)
-    pool, k_cache, u_cache, g_cache = send(hdev, dict(pool=pool, k_cache=k_cache, u_cache=u_cache,
-                                                      g_cache=g_cache)).values()
-    _fill_windows(case, wd, fill, pool.to(arm.state), k_cache, u_cache, g_cache)
-    if reg.poison:
-        _poison(pool, k_cache, u_cache, g_cache, fill["keep"], fill["used"])
-    big = send(dev, dict(q=q.to(arm.io), k=k.to(arm.io), v=v.to(arm.io), initial_state_source=pool.to(arm.state),
-                         k_cache=k_cache.to(arm.ring), u_cache=u_cache.to(arm.ring), g_cache=g_cache.float()))
+        _poison(case, pool, k_cache, u_cache, g_cache)
+    idx = torch.tensor([r.slot for r in case.rows], dtype=torch.int32)
     return dict(
-        A_log=sent["A_log"], dt_bias=sent["dt_bias"], a=sent["a"], b=sent["b"],
-        q=big["q"], k=big["k"], v=big["v"],
-        initial_state_source=big["initial_state_source"],
-        initial_state_indices=sent["initial_state_indices"],
-        k_cache=big["k_cache"], u_cache=big["u_cache"], g_cache=big["g_cache"],
-        hist_len=sent["hist_len"], cache_base=sent["cache_base"],
+        A_log=A_io.to(dev), dt_bias=dt_io.to(dev),
+        a=a.to(arm.io).to(dev), b=b.to(arm.io).to(dev),
+        q=q.to(arm.io).to(dev), k=k.to(arm.io).to(dev), v=v.to(arm.io).to(dev),
+        initial_state_source=pool.to(arm.state).to(dev),
+        initial_state_indices=idx.to(dev),
+        k_cache=k_cache.to(arm.ring).to(dev), u_cache=u_cache.to(arm.ring).to(dev),
+        g_cache=g_cache.float().to(dev),
+        hist_len=torch.tensor([r.hist_len for r in case.rows], dtype=torch.int32).to(dev),
+        cache_base=torch.tensor([r.cache_base for r in case.rows], dtype=torch.int32).to(dev),
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
@@ -554,48 +541,6 @@ def _materialize_rows(case: Case, device, history_device) -> dict:
         inputs[name] = big
     inputs["initial_state_indices"] = torch.tensor([r.slot for r in case.rows], dtype=torch.int32).to(dev)
     return inputs
-
-
-PINNED_MAX_BYTES = 1 << 20  # CPU tensors up to this size go to a CUDA device together, through pinned memory (send)
-SEND_ALIGN = 512  # bytes: where each tensor starts in send()'s buffer (the caching allocator's block size)
-
-
-def send(device, tensors: dict) -> dict:
-    """The tensors on `device`, the same bits, dtypes and shapes (the same keys, in order).
-
-    On a CUDA device the small CPU tensors (<= PINNED_MAX_BYTES each) are packed into one pinned buffer and sent
-    with one non-blocking copy; each comes back as a contiguous view of that buffer's device copy, starting at a
-    multiple of SEND_ALIGN bytes.  Why (docs/benchmarks.md, H200, benchmarks/host_copies.py): a copy from
-    pageable memory holds the host until the GPU has run what was queued before it; materialize made 16 such
-    copies per launch, and pinning each on its own cost more than the waits it saved at B = 8.  torch's caching
-    host allocator keeps the pinned buffer until the copy has run.  Anything else -- larger tensors (a CPU-drawn
-    pool: pinning costs a host copy of its size), tensors already on a device, any other device -- takes .to()."""
-    dev = torch.device(device)
-    small = {}
-    if dev.type == "cuda":
-        small = {k: t for k, t in tensors.items()
-                 if t.device.type == "cpu" and t.numel() * t.element_size() <= PINNED_MAX_BYTES}
-    offsets, total = {}, 0
-    for k, t in small.items():
-        offsets[k] = total
-        total += -(-max(t.numel() * t.element_size(), 1) // SEND_ALIGN) * SEND_ALIGN
-    on_dev = None
-    if small:
-        host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        for k, t in small.items():
-            n = t.numel() * t.element_size()
-            if n:
-                host[offsets[k]:offsets[k] + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
-        on_dev = host.to(dev, non_blocking=True)
-    out = {}
-    for k, t in tensors.items():
-        if k not in small:
-            out[k] = t.to(dev)
-            continue
-        n = t.numel() * t.element_size()
-        out[k] = (on_dev[offsets[k]:offsets[k] + n].view(t.dtype).view(t.shape) if n
-                  else torch.empty(t.shape, dtype=t.dtype, device=dev))
-    return out
 
 
 def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -623,66 +568,41 @@ def _windows(rows, max_len: int | None = None):
     return m_, j_, (base[m_] + j_) & (RING_SLOTS - 1)
 
 
-def _window_draws(case: Case, gen, bulk) -> dict:
-    """The draws of the window fill, made for every case (even with no window) so that a row's values depend on
-    the seed only: history keys and values from `bulk` (= gen when case.draws == "cpu"), decay and beta from
-    gen, in this order."""
-    n = len(_live(case))
-    H, HV, K, V = case.H, case.HV, case.K, case.V
-    reg = case.regime
-    hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
-    hv = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
-    _, _, ha = decay_params(reg, gen, max(n, 1), W_RING, HV)
-    hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
-    return dict(hk=hk, hv=hv, ha=ha, hb=hb)
-
-
-def _live(case: Case) -> list:
-    return [r for r in case.rows if not r.pad and r.hist_len > 0]
-
-
-def _window_inputs(case: Case, wd: dict, A_io, dt_io) -> dict:
-    """The small tensors _fill_windows needs on the caches' device, made on the CPU (send moves them at once):
-    the gates' inputs in the IO dtype, and (row, j, slot) of every window record with each row's pool slot."""
-    arm = case.arm_spec
-    live = _live(case)
-    out = dict(ha=wd["ha"].to(arm.io), hb=wd["hb"].to(arm.io), A=A_io, dt=dt_io)
-    if case.regime.history == "consistent":
-        out["slots"] = torch.tensor([r.slot for r in live], dtype=torch.long)
-    if live:
-        m_, j_, s_ = _windows(live, W_RING)
-        out.update(m=m_, j=j_, s=s_, row=torch.tensor([r.slot for r in live], dtype=torch.long)[m_])
-    return out
-
-
-def _fill_windows(case: Case, wd: dict, fill: dict, pool_state, k_cache, u_cache, g_cache):
+def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, A_io, dt_io):
     """Write each non-pad row's P window records at slot (base + j) & 31, j < P.
 
     consistent: run W_RING history tokens through the float64 recurrence from the row's
     checkpoint and record (k_hat, U, G cumulative from the checkpoint), as earlier launches
     would have; free: random normalized keys, random updates, decreasing G.
-    wd: _window_draws; fill: _window_inputs on the caches' device.  Everything runs on the caches'
-    device, with one indexed write per buffer for all rows.
+    History keys and values come from `bulk` (= gen when case.draws == "cpu"), decay
+    and beta from gen.  Everything after the draws runs on the caches' device, with one
+    indexed write per buffer for all rows.
     """
     arm = case.arm_spec
-    if not _live(case):
-        return
-    HV, H = case.HV, case.H
+    live = [r for r in case.rows if not r.pad and r.hist_len > 0]
+    n = len(live)
+    H, HV, K, V = case.H, case.HV, case.K, case.V
     reg = case.regime
+    # drawn for every case (even with no window) so that a row's values depend on the seed only
+    hk = _keys(reg, bulk, (max(n, 1), W_RING, H, K))
+    hv_ = torch.randn(max(n, 1), W_RING, HV, V, generator=bulk, device=bulk.device) * reg.v_scale
+    _, _, ha = decay_params(reg, gen, max(n, 1), W_RING, HV)
+    hb = _beta_logits(reg, gen, (max(n, 1), W_RING, HV))
+    if n == 0:
+        return
     dev = k_cache.device
-    hk, hv_ = wd["hk"], wd["hv"]
-    ha, hb, A_io, dt_io = fill["ha"], fill["hb"], fill["A"], fill["dt"]
+    ha, hb = ha.to(arm.io).to(dev), hb.to(arm.io).to(dev)
+    A_io, dt_io = A_io.to(dev), dt_io.to(dev)
     if reg.history == "consistent":
         g, beta = gdn_oracle.gates(ha, dt_io, A_io, hb)
         hk_io = hk.to(arm.io).to(dev)
         _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
-        slots = fill["slots"]
-        hv_io = hv_.to(arm.io).to(dev)
+        slots = torch.tensor([r.slot for r in live], device=dev)
         if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
             # the same recurrence in one Triton kernel (GDN_FUZZ_ORACLE picks it as it picks the oracle)
-            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_io)
+            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_.to(arm.io).to(dev))
         else:
-            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_io, g,
+            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_.to(arm.io).to(dev), g,
                                             beta, keep_states=False)
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
@@ -693,30 +613,27 @@ def _fill_windows(case: Case, wd: dict, fill: dict, pool_state, k_cache, u_cache
         Gc = torch.cumsum(g, 1)
     else:
         raise ValueError(f"regime.history={reg.history!r}; use one of {HISTORIES}")
-    m_, j_, s_, row_ = fill["m"], fill["j"], fill["s"], fill["row"]
+    m_, j_, s_ = _windows(live, W_RING)
+    row_ = torch.tensor([r.slot for r in live], dtype=torch.long)[m_]
+    m_, j_, s_, row_ = (x.to(dev) for x in (m_, j_, s_, row_))
     # rows sit on distinct slots and a window holds distinct ring slots: no write collides
     k_cache.permute(0, 2, 1, 3)[row_, s_] = kw[m_, j_].float()  # [n_records, H, K]
     u_cache.permute(0, 2, 1, 3)[row_, s_] = U[m_, j_].float()  # [n_records, HV, V]
     g_cache.permute(0, 2, 1)[row_, s_] = Gc[m_, j_].float()  # [n_records, HV]
 
 
-def _poison_masks(case: Case) -> dict:
-    """(keep, used) of _poison, on the CPU: window slots of used pool rows [pool, 32], pool rows a real row uses."""
+def _poison(case: Case, pool, k_cache, u_cache, g_cache):
+    """NaN in every ring slot outside the windows and in pool rows no batch row uses (R1)."""
+    nan = float("nan")
     real = [r for r in case.rows if not r.pad]
-    keep = torch.zeros(case.pool, RING_SLOTS, dtype=torch.bool)
+    keep = torch.zeros(case.pool, RING_SLOTS, dtype=torch.bool)  # window slots of used pool rows
     used = torch.zeros(case.pool, dtype=torch.bool)
     if real:
         slot = torch.tensor([r.slot for r in real], dtype=torch.long)
         used[slot] = True
         m_, _, s_ = _windows(real)
         keep[slot[m_], s_] = True
-    return dict(keep=keep, used=used)
-
-
-def _poison(pool, k_cache, u_cache, g_cache, keep, used):
-    """NaN in every ring slot outside the windows and in pool rows no batch row uses (R1); keep, used:
-    _poison_masks on the buffers' device."""
-    nan = float("nan")
+    keep, used = keep.to(k_cache.device), used.to(pool.device)
     pool.masked_fill_(~used[:, None, None, None], nan)
     k_cache.masked_fill_(~keep[:, None, :, None], nan)
     u_cache.masked_fill_(~keep[:, None, :, None], nan)

@@ -43,7 +43,6 @@ from pathlib import Path
 import torch
 
 from gdn_fuzz import environment
-from gdn_fuzz.observation import copy_bits
 
 ENV = "GDN_FUZZ_GRAPHS"
 CHOICES = ("auto", "off")
@@ -173,21 +172,17 @@ class _Graph:
 
     def load(self, obs) -> None:
         n = obs.before["initial_state_source"].shape[0]
-        dst, src = [], []
-        for static, source in ((self.before, obs.before), (self.after, obs.after)):
-            for k, v in _tensors(source):
+        for static, src in ((self.before, obs.before), (self.after, obs.after)):
+            for k, v in _tensors(src):
                 if _padded(k, v):
-                    dst.append(static[k][:n])
+                    static[k][:n].copy_(v)
                     if n < self.rows:  # the previous launch's rows past this pool: zeros again, before and after
                         static[k][n:self.rows].zero_()
                 else:
-                    dst.append(static[k])
-                src.append(v)
-        if self.output is not None:
-            dst.append(self.output)
-            src.append(obs.output)
-        copy_bits(dst, src)
+                    static[k].copy_(v)
         self.rows = n
+        if self.output is not None:
+            self.output.copy_(obs.output)
         self.flush_min.fill_(obs.case.fmin)
 
     def run(self, obs) -> torch.Tensor:

@@ -31,16 +31,10 @@ class Observation:
 
 
 def clone_inputs(inputs: dict) -> dict:
-    """A private copy of a launch's keyword arguments: every tensor cloned (torch.empty_like, then copy_bits:
-    the layout and bits of Tensor.clone, in one multi-tensor copy per element size), anything else kept
+    """A private copy of a launch's keyword arguments: every tensor cloned, anything else kept
     (a launch writes the rings, the pool and the cursors in place).  The one clone helper of
     the properties (gdn_fuzz.properties) and of observe()'s "before" snapshot."""
-    out = dict(inputs)
-    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
-    copies = [torch.empty_like(inputs[k]) for k in names]
-    copy_bits(copies, [inputs[k] for k in names])
-    out.update(zip(names, copies))
-    return out
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
 def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
@@ -60,29 +54,6 @@ def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | N
     except Exception as e:  # the target's own exception, reported as a finding by the caller
         out, err = None, e
     return Observation(case=case, before=before, after=inputs, output=out, error=err, from_case=from_case)
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def copy_bits(dst: list, src: list) -> None:
-    """dst[i].copy_(src[i]) for every i, bit for bit, in one multi-tensor copy per element size instead of
-    a copy each (~30 per check, each ~5-10 us of host time on a GPU).  Both sides are viewed as the integer
-    type of their element size, so that no copy kernel goes through a float type (NaN payloads and -0 kept).
-    clone_inputs and graphs' static copies pass pairs of one shape and dtype; any other pair (and a 0-d tensor)
-    takes a plain copy_."""
-    groups: dict = {}
-    for d, s in zip(dst, src, strict=True):
-        if (d.device.type != "cuda" or d.dtype != s.dtype or d.shape != s.shape or d.dim() == 0
-                or d.element_size() not in _INT_OF_SIZE):  # on a CPU a copy costs no launch: torch's foreach is slower
-            d.copy_(s)
-            continue
-        it = _INT_OF_SIZE[d.element_size()]
-        g = groups.setdefault(it, ([], []))
-        g[0].append(d.view(it))
-        g[1].append(s.view(it))
-    for ds, ss in groups.values():
-        torch._foreach_copy_(ds, ss)
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
