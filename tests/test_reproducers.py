@@ -226,7 +226,8 @@ def _pytest(files, env_extra, cwd):
     env.pop(R.TARGET_ENV, None)
     env.pop(R.DEVICE_ENV, None)
     env.update(env_extra)
-    env["PYTHONPATH"] = str(REPO)
+    # the repository first, then what the parent had (where flashinfer comes from PYTHONPATH, as on the GPU image)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
                            *map(str, files)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 

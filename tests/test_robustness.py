@@ -559,10 +559,12 @@ def test_cuda_device_without_a_gpu_is_a_setup_error(tmp_path):
 def test_a_hanging_target_is_a_hang_finding_within_the_budget(tmp_path):
     """A target that sleeps forever on marked launches: the campaign reports a `hang` finding,
     keeps its budget (+ the shrink grace, --shrink-grace's default, + one launch timeout) and exits 1.  On main a 60 s campaign ran 21 minutes
-    (600 s per launch, paid again at every shrink step) and reported nothing."""
+    (600 s per launch, paid again at every shrink step) and reported nothing.  On the CPU: on the H200 (run 64) a
+    fresh worker's first check took the whole 12 s (CUDA start-up, the oracle's compiles), so no marked launch ran."""
     target = plant(tmp_path, "hangs", "if bool((kw['hist_len'] > 0).any()):\n    time.sleep(3600)")
     t0 = time.monotonic()
-    p = _cli(["run", "--target", target, "--arms", "bf16", "--T", "4", "--buckets", "4", "--property", "launch",
+    p = _cli(["run", "--target", target, "--device", "cpu", "--arms", "bf16", "--T", "4", "--buckets", "4",
+              "--property", "launch",
               "--seconds", "12", "--launch-timeout", "2", "--corpus", str(tmp_path / "c"),
               "--json", str(tmp_path / "r.json")], tmp_path)
     wall = time.monotonic() - t0
