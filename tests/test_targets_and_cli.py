@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -435,3 +438,34 @@ def test_run_summary_fits_80_columns(capsys, monkeypatch):
     cells = "".join(ch for ch in summary if ch not in "│┃ \n")  # folded cells read back in order
     assert "targetmutant:fold_skipped" in cells, summary
     assert "findings by signature" in out and "oracle.fold" in out
+
+
+def test_top_level_help_imports_no_sub_command_module():
+    """Issue 33: `gdn-fuzz --help`, `--version`, no command and an unknown command are answered from
+    gdn_fuzz.cli.commands alone: no torch, no sub-command module (it took 3.6 s on a 2-core CPU machine when every
+    sub-command module was imported; docs/robustness.md has the timing)."""
+    code = ("import sys\nfrom gdn_fuzz.cli import main\n"
+            "for argv in (['--help'], ['--version'], [], ['bogus']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        print('exit', e.code)\n"
+            "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('gdn_fuzz.cli.') and "
+            "m != 'gdn_fuzz.cli.commands')\nprint('heavy', heavy)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("exit")] == ["exit 0", "exit 0", "exit 2", "exit 2"]
+    assert "heavy []" in p.stdout, p.stdout
+    assert "fuzz a target within a time or example budget" in p.stdout and "invalid choice: 'bogus'" in p.stderr
+
+
+def test_the_command_table_is_the_whole_parser():
+    """gdn_fuzz.cli.commands.TABLE names every sub-command of the full parser, in its order, with the help the full
+    parser shows, and the module that builds it: the light top level cannot drift from the real one."""
+    from gdn_fuzz.cli import commands
+
+    ap = cli.build_parser()
+    action = next(a for a in ap._actions if a.dest == "cmd")
+    assert list(action.choices) == list(commands.TABLE)
+    assert {c.dest: c.help for c in action._choices_actions} == {n: h for n, (_, h) in commands.TABLE.items()}
+    for name, (mod, _) in commands.TABLE.items():
+        src = (Path(cli.__file__).parent / f"{mod}.py").read_text()
+        assert f'add_parser("{name}", help=help_of("{name}"))' in src, (name, mod)
+    assert cli.light_parser().format_help() == ap.format_help()

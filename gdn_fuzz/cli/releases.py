@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import parse_arms
 from gdn_fuzz.cli.common import EXIT_NEW, EXIT_OK, EXIT_USAGE, console
 from gdn_fuzz.studies import release_diff
@@ -82,13 +83,12 @@ def cmd_diff(args) -> int:
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("release", help="the modelled FlashInfer releases: list them, fetch a release's kernel files")
+    r = sub.add_parser("release", help=help_of("release"))
     r.add_argument("action", choices=["list", "fetch"], nargs="?", default="list")
     r.add_argument("versions", nargs="*", help="releases to fetch (default: the default release)")
     r.add_argument("--dest", help=f"folder for fetched releases (default {releases.cache_dir()})")
     r.set_defaults(func=cmd_release)
-    d = sub.add_parser("diff", help="release differential: host checks and drawn launches of OLD vs NEW "
-                                    "(each a release, a target name or a module file)")
+    d = sub.add_parser("diff", help=help_of("diff"))
     d.add_argument("old")
     d.add_argument("new")
     d.add_argument("--device", help="device of the launches (default: cuda when available)")

@@ -6,6 +6,7 @@ import os
 
 from rich.table import Table
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.cli.common import EXIT_USAGE, console, default_device
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.reproducer import emit_test, entry_launch, explain
@@ -91,12 +92,12 @@ def cmd_corpus_check(args) -> int:
 
 
 def add_parser(sub) -> None:
-    cp = sub.add_parser("corpus", help="corpus folders: `corpus check` validates every entry (runs nothing)")
+    cp = sub.add_parser("corpus", help=help_of("corpus"))
     csub = cp.add_subparsers(dest="corpus_cmd", required=True)
     ck = csub.add_parser("check", help="read every entry as replay and run do; name each refused one (exit 1)")
     ck.add_argument("folders", nargs="*", help="corpus folders (default: $GDN_FUZZ_CORPUS or ./corpus)")
     ck.set_defaults(func=cmd_corpus_check)
-    rp = sub.add_parser("replay", help="re-run corpus entries against their target (or --target)")
+    rp = sub.add_parser("replay", help=help_of("replay"))
     rp.add_argument("entries", nargs="*", help="entry files or folders (default: the corpus folder)")
     rp.add_argument("--target", help="replay against this target instead of each entry's own")
     rp.add_argument("--device")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.cli.common import EXIT_USAGE, console
 from gdn_fuzz.engine.doctor import report
 from gdn_fuzz.engine.report import ReportInputError, build
@@ -23,10 +24,10 @@ def cmd_doctor(args) -> int:
 
 
 def add_parser(sub) -> None:
-    rep = sub.add_parser("report", help="Markdown/HTML report with coverage and error plots of a campaign")
+    rep = sub.add_parser("report", help=help_of("report"))
     rep.add_argument("records", help="the campaign's --record JSON lines")
     rep.add_argument("--campaign", help="the campaign's --json record (findings, budget, versions)")
     rep.add_argument("--out", default="report", help="output folder")
     rep.set_defaults(func=cmd_report)
-    d = sub.add_parser("doctor", help="what this machine can run, and why not")
+    d = sub.add_parser("doctor", help=help_of("doctor"))
     d.set_defaults(func=cmd_doctor)

@@ -9,6 +9,7 @@ import threading
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
@@ -271,7 +272,7 @@ PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often when the out
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("run", help="fuzz a target within a time or example budget")
+    r = sub.add_parser("run", help=help_of("run"))
     r.add_argument("--target", help="reference | production | production@VERSION | sm100 | mutant:NAME | PATH.py "
                    "(default: production on an SM90+ GPU, else reference)")
     r.add_argument("--kernel-module", dest="target", help="alias of --target PATH.py")

@@ -13,6 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.studies.drift import (DEFAULT_TOKENS, fmt_number, measure_budget_grid, merge_results, run_drift,
                                     write_outputs)
@@ -22,8 +23,7 @@ from gdn_fuzz.targets.triton_baseline import TRITON_CONFIGS, TorchBaselineModel,
 
 
 def add_drift_parser(subparsers):
-    p = subparsers.add_parser("drift", help="long-horizon drift of each dtype arm's committed state "
-                                            "(teacher-forced, float64 truth): JSON, plot, Markdown")
+    p = subparsers.add_parser("drift", help=help_of("drift"))
     p.add_argument("--target", default="reference", help="reference | production | mutant:NAME | PATH.py")
     p.add_argument("--arms", nargs="+", help=f"dtype arms (default: all of {', '.join(ARM_NAMES)})")
     p.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
@@ -115,7 +115,7 @@ def _kernels(which: str):
 
 
 def add_triton_parser(sub) -> None:
-    p = sub.add_parser("triton", help="the SGLang Triton ReplaySSM baseline: properties and a differential run")
+    p = sub.add_parser("triton", help=help_of("triton"))
     _add_args(p)
     p.set_defaults(func=lambda args: _run(args))
 

@@ -7,6 +7,7 @@ import time
 
 from rich.table import Table
 
+from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import console, default_device, parse_arms, target_device_arms
 from gdn_fuzz.targets import get_target
@@ -141,8 +142,7 @@ def cmd_mutants(args) -> int:
 
 
 def add_mutants_parser(subparsers):
-    p = subparsers.add_parser("mutants", help="mutation score: run the suite and the example-based baseline "
-                                              "against every catalogued mutant")
+    p = subparsers.add_parser("mutants", help=help_of("mutants"))
     p.add_argument("--budget", type=float, default=60.0, help="campaign seconds per mutant (default 60)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these mutants only (default: every mutant of --base)")
     p.add_argument("--base", choices=("reference", "production", "materialize", "materialize-reference"),
@@ -162,7 +162,7 @@ def add_mutants_parser(subparsers):
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("precision", help="steer generation toward the largest error vs the oracle (tolerance evidence)")
+    p = sub.add_parser("precision", help=help_of("precision"))
     p.add_argument("--targets", nargs="+", default=["reference"])
     p.add_argument("--arms", nargs="+")
     p.add_argument("--T", nargs="+", type=int, default=[4, 8], choices=[4, 8])
@@ -174,8 +174,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json")
     p.add_argument("--markdown", help="write the table as Markdown here")
     p.set_defaults(func=cmd_precision)
-    ug = sub.add_parser("unguarded", help="measure what unvalidated inputs do (hist_len > 16, duplicate slots, ...; "
-                                          "with a materializer target: dst past the pool, duplicate dst, dst == src)")
+    ug = sub.add_parser("unguarded", help=help_of("unguarded"))
     ug.add_argument("--target")
     ug.add_argument("--rings", nargs="+", type=int, default=[16, 32], choices=[16, 32],
                     help="materializer targets: the ring depths to run each scenario at")
