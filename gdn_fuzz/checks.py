@@ -13,6 +13,8 @@ landed, which row) are only looked up once a check has failed.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -111,25 +113,69 @@ def measure(obs: Observation, flush_min=None):
     return e, summed_errors(obs, e)
 
 
-def prepare_oracle(device: str, arms, Ts) -> int:
-    """Compile the oracle's kernel for `device` now (the fused oracle's Triton kernel, per T and arm dtypes:
-    the measure variant, which check_launch and check_oracle use; nothing for the spec), so that no check
-    pays that compile.  An isolated worker does this before it reports ready: a check's time is the
-    target's (a hang timeout of 2 s once turned the first check's compile into a false hang).  The variant
-    that writes the whole expectation (expectation(): the sibling property and the studies) compiles at its
-    first use.  Returns the (arm, T) pairs run."""
+def prepare_oracle(device: str, arms, Ts, gate: fused_oracle.Gate | None = None) -> int:
+    """Compile the oracle's kernel for `device` now (the fused oracle's Triton kernel: per arm, the HISTORY variant
+    that case.materialize fills windows with, then per T and arm the measure variant, which check_launch and
+    check_oracle use; nothing for the spec), so that no check pays that compile.  An isolated worker runs this
+    on a thread while its first check's target compiles (OraclePrep; `gate`: set its `history` event once the
+    first part is done).  The variant that writes the whole expectation (expectation(): the sibling property
+    and the studies) compiles at its first use.  Returns the (arm, T) pairs run."""
     if fused_oracle.oracle_for(device) is ring_oracle.launch:
         return 0
-    n = 0
+    obs = {}
     for arm in arms:
         for T in Ts:
             case = Case(arm=arm, T=T, H=1, HV=1, pool=1, rows=(Row(0, 1, 0),), seed=0, draws=draws_for(device))
-            inputs = materialize(case, device)
-            obs = Observation(case=case, before=inputs, after=inputs, output=torch.zeros_like(inputs["v"]),
-                              from_case=True)  # y has v's shape and IO dtype
-            measure(obs)
-            n += 1
-    return n
+            inputs = materialize(case, device)  # a window of one record: the HISTORY variant, per arm
+            obs[arm, T] = Observation(case=case, before=inputs, after=inputs, output=torch.zeros_like(inputs["v"]),
+                                      from_case=True)  # y has v's shape and IO dtype
+    if gate is not None:
+        gate.history.set()
+    for o in obs.values():
+        measure(o)
+    return len(obs)
+
+
+class OraclePrep:
+    """prepare_oracle on a background thread, behind a fused_oracle.Gate: an isolated worker starts this and
+    reports ready at once, so that the oracle's compiles (7.2-7.9 s when 8 processes compile them from an empty
+    Triton cache on the H200, run 63) overlap the first check's target compile instead of preceding it.  Until
+    it is done, a fused-oracle call on another thread waits (a HISTORY call only for the first part).  Triton's
+    compile leaves the interpreter lock free most of the time (measured: a Python loop on the main thread kept
+    its speed while a compile ran on another).  seconds: how long the compiles took (None while they run);
+    error: why they failed (None: they did not)."""
+
+    def __init__(self, device: str, arms, Ts):
+        self.gate = fused_oracle.Gate()
+        self.seconds: float | None = None
+        fused_oracle.install_gate(self.gate)
+        self._thread = threading.Thread(target=self._run, args=(device, tuple(arms), tuple(Ts)),
+                                        name="gdn-fuzz-oracle-prep", daemon=True)
+        self._thread.start()
+
+    def _run(self, device, arms, Ts) -> None:
+        self.gate.owner = threading.get_ident()
+        t0 = time.monotonic()
+        try:
+            prepare_oracle(device, arms, Ts, gate=self.gate)
+        except Exception as e:  # noqa: BLE001 - every waiter raises it; the worker reports a setup error
+            self.gate.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.seconds = round(time.monotonic() - t0, 3)
+            self.gate.history.set()
+            self.gate.done.set()
+
+    @property
+    def error(self) -> str | None:
+        return self.gate.error
+
+    def join(self) -> "OraclePrep":
+        self._thread.join()
+        return self
+
+    def report(self) -> dict:
+        """oracle_s (the compiles' seconds, None while they run) and oracle_wait_s (how long checks waited)."""
+        return dict(oracle_s=self.seconds, oracle_wait_s=round(self.gate.waited_s, 3))
 
 
 @dataclass

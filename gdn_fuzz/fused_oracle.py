@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -287,6 +289,48 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist
     return inputs, w.shape[-1], app, (B, T, H, K, HV, V)
 
 
+class Gate:
+    """Compiles of this module's kernel made on another thread (checks.OraclePrep: an isolated worker compiles the
+    oracle while its first check's target compiles), which calls from any other thread wait for: a HISTORY call
+    (case.materialize's window fill) until `history` is set, any other call until `done` is set.  The thread
+    that compiles (owner, set by it before its first call) never waits.  error: why the compiles failed (both
+    events are set then, and waiters raise)."""
+
+    def __init__(self):
+        self.history, self.done = threading.Event(), threading.Event()
+        self.owner: int | None = None
+        self.error: str | None = None
+        self.waited_s = 0.0  # seconds other threads spent waiting here
+        # called with True before a wait and False after it (an isolated worker tells its parent, whose hang timer
+        # leaves the wait out: the oracle's compile is not the target's time)
+        self.on_wait = lambda waiting: None
+
+    def wait(self, history: bool) -> None:
+        if threading.get_ident() == self.owner:
+            return
+        event = self.history if history else self.done
+        if not event.is_set():
+            t0 = time.monotonic()
+            self.on_wait(True)
+            try:
+                event.wait()
+            finally:
+                self.waited_s += time.monotonic() - t0
+                self.on_wait(False)
+        if self.error is not None:
+            raise RuntimeError(f"the fused oracle's kernel did not compile ({self.error}); its compile ran when "
+                               "the worker started (checks.OraclePrep)")
+
+
+_gate: Gate | None = None  # installed by checks.OraclePrep while (and after) it compiles
+
+
+def install_gate(gate: Gate | None) -> None:
+    """Make every later kernel call of this module wait on `gate` (None: on nothing)."""
+    global _gate
+    _gate = gate
+
+
 def _run(pool, inputs, v, dims, *, unused, W, block_v, num_warps, stores=None, observed=None, **flags):
     """One launch of the kernel on the grid (V / block_v, HV, n) for the three callers (launch, measure,
     history).  inputs: rows, e^{G_P}, w, window keys, window updates, e^g, beta, q_hat, k_hat; stores: y,
@@ -295,6 +339,8 @@ def _run(pool, inputs, v, dims, *, unused, W, block_v, num_warps, stores=None, o
     n, T, K, HV, V = dims
     if not (n and HV and V):
         return
+    if _gate is not None:
+        _gate.wait(history=bool(flags.get("HISTORY")))
     stores = stores or (unused,) * 6
     yo, sy, uc, su, slots, pa, sa, sums, nvb = observed or (unused, (0,) * 4, unused, (0,) * 4, unused, unused,
                                                            (0,) * 4, unused, 1)

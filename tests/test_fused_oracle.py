@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -377,6 +378,86 @@ def test_prepare_oracle_runs_the_fused_kernel_per_arm_and_T(interpreter, monkeyp
     assert run_in_interpreter(interpreter, _prepare_in_interpreter) == (4, 0)
     monkeypatch.setenv(fused_oracle.ENV, "spec")
     assert checks.prepare_oracle("cpu", ("bf16",), (4, 8)) == 0
+
+
+def _prep_beside_a_check():
+    """OraclePrep's compiles on their thread while this thread checks a launch at once (what an isolated worker
+    does at its start): every kernel call of this thread is logged with what the gate said at that moment."""
+    import threading
+
+    target = get_target("reference")
+    case = dataclasses.replace(CASE, T=8, flush_min=6)
+    os.environ[fused_oracle.ENV] = "fused"
+    calls, run = [], fused_oracle._run
+
+    def logged(*a, **kw):
+        g = fused_oracle._gate
+        if g is not None:  # the second check runs with no gate
+            calls.append((threading.get_ident() == g.owner, bool(kw.get("HISTORY")), g.history.is_set(),
+                          g.done.is_set()))
+        return run(*a, **kw)
+
+    fused_oracle._run = logged
+    try:
+        prep = checks.OraclePrep("cpu", ("bf16",), (8,))
+        got = checks.check_launch(target, case)
+        prep.join()
+        fused_oracle.install_gate(None)
+        again = checks.check_launch(target, case)  # no gate, no thread: the same kernel, the same bits
+    finally:
+        fused_oracle._run = run
+        fused_oracle.install_gate(None)
+        del os.environ[fused_oracle.ENV]
+    return [str(f) for f in got], got.metrics, again.metrics, calls, prep.report(), prep.error
+
+
+def test_the_oracle_compiles_on_a_thread_and_checks_wait_for_it(interpreter):
+    """checks.OraclePrep (issue 32: the oracle's compiles took 7.2-7.9 s of an H200 worker's start before its first
+    check could begin): a check started at once gives the same findings and metrics as one without the thread;
+    its HISTORY calls (materialize) ran only once the thread's first part was done, its other calls only once all
+    of it was; the thread made its own calls; the report gives the compile's seconds."""
+    found, metrics, again, calls, report, error = run_in_interpreter(interpreter, _prep_beside_a_check)
+    assert error is None and found == [] and metrics == again
+    mine = [c for c in calls if not c[0]]
+    assert any(c[0] for c in calls) and mine and any(not c[1] for c in mine)
+    assert all(c[2] for c in mine if c[1]) and all(c[3] for c in mine if not c[1]), calls
+    assert report["oracle_s"] > 0 and report["oracle_wait_s"] >= 0
+
+
+def test_the_gate_lets_history_calls_through_first():
+    """fused_oracle.Gate: a HISTORY call (materialize) waits only for the first part of the compiles, any other call
+    for all of them; the owner thread never waits; waits are counted and told to on_wait."""
+    import threading
+
+    gate, told = fused_oracle.Gate(), []
+    gate.on_wait = told.append
+    gate.history.set()
+    gate.wait(history=True)
+    assert told == [] and gate.waited_s == 0
+    threading.Timer(0.3, gate.done.set).start()
+    t0 = time.monotonic()
+    gate.wait(history=False)
+    assert time.monotonic() - t0 >= 0.25 and gate.waited_s >= 0.25 and told == [True, False]
+    gate.owner, gate.done = threading.get_ident(), threading.Event()
+    gate.wait(history=False)  # the compiling thread itself: no wait
+    assert told == [True, False]
+
+
+def test_an_oracle_that_did_not_compile_stops_every_check(monkeypatch):
+    """OraclePrep: a compile that raised sets the gate free with its reason, and every later kernel call raises it
+    (the worker then answers 'setup', not a finding: tests/test_robustness.py)."""
+    def boom(*a, **kw):
+        raise ValueError("no compiler here")
+
+    monkeypatch.setattr(checks, "prepare_oracle", boom)
+    try:
+        prep = checks.OraclePrep("cpu", ("bf16",), (4,)).join()
+        assert prep.error == "ValueError: no compiler here" and prep.report()["oracle_s"] is not None
+        for history in (True, False):
+            with pytest.raises(RuntimeError, match="did not compile .ValueError: no compiler here"):
+                prep.gate.wait(history=history)
+    finally:
+        fused_oracle.install_gate(None)
 
 
 # ------------------------------------------------------------------ measure: the comparison in the kernel

@@ -332,6 +332,115 @@ def test_reproduces_runs_in_a_fresh_worker(tmp_path):
         w.close()
 
 
+class _Answering:
+    """A worker process stand-in for Worker.check: the test's thread answers on the pipe's other end."""
+    pid, exitcode = os.getpid(), None
+
+    def is_alive(self):
+        return True
+
+    def join(self, timeout=None):
+        pass
+
+    def kill(self):
+        pass
+
+
+def _scripted_worker(monkeypatch, tmp_path, script, **kw):
+    """A Worker whose 'process' answers each check with `script(conn)` from a thread."""
+    import multiprocessing
+    import threading
+
+    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="scripted", **kw)
+    parent, child = multiprocessing.Pipe()
+    monkeypatch.setattr(w, "start", lambda: None)
+    w._proc, w._conn, w._ready = _Answering(), parent, True
+
+    def answer():
+        try:
+            while child.recv() is not None:
+                script(child)
+        except (EOFError, OSError):
+            pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    return w
+
+
+def test_the_hang_timer_leaves_out_the_wait_for_the_oracle(tmp_path, monkeypatch):
+    """A check that waits for the oracle's compile on the worker's thread (checks.OraclePrep) says so on the pipe:
+    the hang timer stops for the wait (a 0.5 s --launch-timeout does not call a 1.5 s compile a hang; the oracle's
+    compile ran before 'ready', outside every check, until issue 32 moved it beside the first check), the check's
+    measured seconds leave it out, and the answer's oracle report reaches startups.  A compile that never ends is
+    a setup error after start_timeout_s, not a hang finding of the target; so is a worker that answers 'setup'."""
+    oracle = dict(oracle_s=1.4, oracle_wait_s=1.5)
+
+    def waits(conn):
+        conn.send(("oracle-wait", None, 0))
+        time.sleep(1.5)
+        conn.send(("oracle-waited", None, 0))
+        conn.send(("ok", dict(findings=[], metrics=None, graphs={}, oracle=oracle), 0))
+
+    w = _scripted_worker(monkeypatch, tmp_path / "a", waits)
+    w.startups.append(dict(ready_s=1.0, target_s=0.1))
+    w.timeout_s = 0.5
+    try:
+        assert w.check("launch", OK) == []
+        assert w.last_check_s < 0.5 and w.startups[-1]["oracle_s"] == 1.4
+    finally:
+        w.close()
+
+    w = _scripted_worker(monkeypatch, tmp_path / "b", lambda conn: conn.send(("oracle-wait", None, 0)),
+                         start_timeout_s=1.0)
+    w.timeout_s = 60
+    try:
+        with pytest.raises(isolation.SetupError, match="oracle's compile did not finish within 1 s"):
+            w.check("launch", OK)
+    finally:
+        w.close()
+
+    w = _scripted_worker(monkeypatch, tmp_path / "c", lambda conn: conn.send(
+        ("setup", "the fused oracle's kernel did not compile: ValueError: x", 0)))
+    try:
+        with pytest.raises(isolation.SetupError, match="did not compile: ValueError: x"):
+            w.check("launch", OK)
+    finally:
+        w.close()
+
+
+def test_a_spare_worker_is_fresh_and_started_before_it_is_needed(tmp_path):
+    """Worker(spare=True) (issue 32: a first finding waited for a whole process start in reproduces, 5-13 s on the
+    H200): a second process starts when the worker is ready, has run no check when reproduces takes it (the
+    failure left by earlier launches still does not come back), a new one starts after each use, every use is
+    recorded in confirmations, and close() ends the spare too."""
+    import time
+
+    body = ("if marked:\n    raise ValueError('always on this case')\n"
+            "if _LAUNCHES[0] == 3:\n    raise ValueError('state left by earlier launches')")
+    w = Worker(plant(tmp_path, "history_spare", body), "cpu", name="spare", spare=True)
+    try:
+        assert w.check("launch", OK) == [] and w.check("launch", OK) == []
+        spare = w._spare
+        assert spare is not None and spare.pid is not None and spare.pid != w.pid
+        (stale,) = w.check("launch", OK)
+        (always,) = w.check("launch", MARKED)
+        deadline = time.monotonic() + 60
+        while not spare._conn.poll(0.1) and time.monotonic() < deadline:  # its 'ready' is waiting in the pipe
+            pass
+        pid = w.pid
+        assert w.reproduces("launch", OK, stale.signature()) is False
+        assert spare.pid is None and w._spare is not None and w._spare is not spare  # used, closed, replaced
+        assert w.reproduces("launch", MARKED, always.signature()) is True
+        assert w.pid == pid
+        first, second = w.confirmations
+        assert first["spare"] and second["spare"] and first["wait_s"] < first["ready_s"]
+        assert first["check_s"] > 0 and second["ready_s"] > 0
+        last = w._spare
+    finally:
+        w.close()
+    assert w._spare is None and last.pid is None
+
+
 # ------------------------------------------------------------------ files
 
 

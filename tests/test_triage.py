@@ -198,6 +198,18 @@ def test_usage_errors_exit_2_in_one_line(argv, says, tmp_path):
     assert says in p.stdout + p.stderr and "Traceback" not in p.stdout + p.stderr
 
 
+@pytest.mark.parametrize("var", ["GDN_FUZZ_GRAPHS", "GDN_FUZZ_ORACLE", "GDN_FUZZ_SPARE_WORKER"])
+def test_a_bad_switch_in_the_environment_is_a_usage_error(var, tmp_path, monkeypatch):
+    """A campaign's environment switches are read before any check: exit 2, one line naming the variable, its value
+    and the legal choices.  Before: GDN_FUZZ_GRAPHS=bogus raised inside every check, and the run filed it as a
+    'launch raised' finding against the reference target."""
+    monkeypatch.setenv(var, "bogus")
+    p = _run_cli(["run", "--examples", "3", "--no-corpus"], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == cli.EXIT_USAGE, (p.returncode, out)
+    assert f"{var}='bogus' is not a legal choice" in out and "finding" not in out and "Traceback" not in out
+
+
 @pytest.mark.parametrize("source, says", [
     ("def gated_delta_rule_mtp_ucache_flush(:\n", "SyntaxError"),
     ("def gated_delta_rule_mtp_ucache_flush(**kw):\n    pass\n", "RING_SLOTS"),

@@ -13,7 +13,8 @@
 # Issue 32 (the check on the device): g32tests (tests/test_graphs.py and the CUDA tests of the fused oracle's
 # measure), g32table / g32camp / g32product (benchmarks/throughput.py's per-shape table, in-process campaign and
 # product command, this tree and, with BASE_TAR=.gpu/base.tar (`git archive BASE -o .gpu/base.tar`), the base
-# tree side by side), g32replay (the corpus replayed by both trees), g32mutants (the production mutant catalogue).
+# tree side by side), g32replay (the corpus replayed by both trees), g32mutants (the production mutant catalogue),
+# firstfind (seconds to the first finding on edited kernels from empty caches, base tree and this tree in turn).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -118,6 +119,31 @@ for step in "$@"; do
         timeout "$(( ${GRACE_S:-45} + 120 ))" gdn-fuzz run --target "mutant:$m" --arms bf16 --seconds "${GRACE_S:-45}" \
           --no-corpus --json "$R/grace-$m.json" > "$R/grace-$m.txt" 2>&1
         echo "editgrace $m rc=$?"
+      done ;;
+    firstfind)
+      # issue 32: seconds to the first finding on an edited kernel with a fresh machine's caches (an empty Triton
+      # cache and kernel store for each run), the product command (bf16, default processes and --shrink-grace).
+      # FIRST_TREES: base (BASE_TAR), new (this tree), nospare (this tree, GDN_FUZZ_SPARE_WORKER=off); their
+      # order is reversed for every second mutant, so that neither tree always runs first
+      need_bundle
+      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      i=0
+      for m in ${FIRST_MUTANTS:-prod_beta_no_sigmoid prod_fold_no_bdec}; do
+        trees=${FIRST_TREES:-base new}; [ $((i % 2)) = 1 ] && trees=$(echo $trees | tr ' ' '\n' | tac | tr '\n' ' ')
+        i=$((i + 1))
+        for tree in $trees; do
+          d=/tmp/fresh/$tree-$m; rm -rf "$d"; mkdir -p "$d"
+          dir=$PWD; pp=$PYTHONPATH; spare=auto
+          [ "$tree" = base ] && { dir=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base; }
+          [ "$tree" = nospare ] && spare=off
+          s1=$(date +%s)
+          (cd "$dir" && PYTHONPATH=$pp TRITON_CACHE_DIR=$d/triton GDN_FUZZ_KERNEL_STORE=$d/kernels \
+            GDN_FUZZ_SPARE_WORKER=$spare timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
+            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first-$tree-$m.json") \
+            > "$R/first-$tree-$m.txt" 2>&1
+          echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
+          grep -m1 "^failure" "$R/first-$tree-$m.txt" | cut -c1-160
+        done
       done ;;
     g32tests)
       # issue 32: the comparison in the fused oracle's kernel and the CUDA-graph replay of the check, on the GPU

@@ -54,6 +54,16 @@ def validate_run_args(args) -> None:
                          "(HOST:PORT or ray://HOST:10001)")
     if args.round_examples < 1:
         raise UsageError(f"--round-examples={args.round_examples}: give at least 1")
+    # the switches a campaign's processes read from the environment: a bad value is a usage error here, not an
+    # exception inside every check (GDN_FUZZ_GRAPHS=bogus was a 'launch raised' finding against the target)
+    from gdn_fuzz import fused_oracle, graphs
+    from gdn_fuzz.engine.campaign import spare_worker_default
+
+    for read in (graphs.choice, fused_oracle.choice, lambda: spare_worker_default("cpu")):
+        try:
+            read()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if not 0 <= getattr(args, "shrink_grace", 0.0) < float("inf"):
         raise UsageError(f"--shrink-grace={args.shrink_grace}: give a number of seconds >= 0 (0: no grace)")
     for b in args.buckets or ():

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
-from gdn_fuzz import graphs
+from gdn_fuzz import environment, graphs
 from gdn_fuzz.case import Case, Row
 from gdn_fuzz.strategies import prefix as prefix_strategies
 from gdn_fuzz.findings import Finding
@@ -90,6 +90,19 @@ def value_seed(seed: int, i: int) -> int:
 # materializer's mutants) and up to tens of seconds for the flush kernel's 60 s campaigns (issue 32: most findings
 # were left unshrunk); 10 s bounds a CI job's overrun and covers the first.
 DEFAULT_SHRINK_GRACE_S = 10.0
+
+
+SPARE_ENV = "GDN_FUZZ_SPARE_WORKER"
+
+
+def spare_worker_default(device: str) -> bool:
+    """Does an isolated campaign keep a spare worker process for its confirmations ($GDN_FUZZ_SPARE_WORKER)?
+    auto (default): on a CUDA device, where a process start is 5-13 s that a first finding waited for (H200, run
+    63); not on a CPU, where the spare's start takes a core from the checks (2 cores in CI).  on / off: always /
+    never."""
+    which = environment.choice(SPARE_ENV, ("auto", "on", "off"),
+                               "auto: a spare worker on a CUDA device; on: always; off: never")
+    return str(device).startswith("cuda") if which == "auto" else which == "on"
 
 
 class BudgetSpent(BaseException):
@@ -235,6 +248,9 @@ class Campaign:
     pool_scales: tuple = ()  # pool-scale kinds for properties that take them (strategies.pool_scales_for)
     shrink_grace_s: float = 0.0  # when the budget ends while a new failure of the round is being shrunk, shrinking
     # goes on for up to this many seconds more (no new round starts); 0: it stops with the budget (best case so far)
+    # isolated: a spare worker process starts in the background for the fresh-process confirmation of a new failure
+    # (Worker.spare); None: $GDN_FUZZ_SPARE_WORKER (spare_worker_default)
+    spare_worker: bool | None = None
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -273,8 +289,10 @@ class Campaign:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
             inflight = (None if self.corpus_dir is None or corpus.unwritable(self.corpus_dir) is not None
                         else Path(self.corpus_dir) / ".inflight")
+            spare = spare_worker_default(self.device) if self.spare_worker is None else bool(self.spare_worker)
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads,
-                                  oracle_arms=self.arms, oracle_Ts=self.Ts)  # compile only the oracles it can draw
+                                  oracle_arms=self.arms, oracle_Ts=self.Ts,  # compile only the oracles it can draw
+                                  spare=spare)
         elif self.torch_threads:
             import torch
 
@@ -290,6 +308,10 @@ class Campaign:
     def worker_startups(self) -> list[dict]:
         """Worker.startups of the isolated worker (every process it started), or [] without isolation."""
         return [] if self._worker is None else list(self._worker.startups)
+
+    def confirmations(self) -> list[dict]:
+        """Worker.confirmations of the isolated worker (every fresh-process check of a new failure), or []."""
+        return [] if self._worker is None else list(self._worker.confirmations)
 
     def _compiles(self) -> int:
         if self._worker is not None:

@@ -51,7 +51,7 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import LEGAL_T, Case
 from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz import graphs
-from gdn_fuzz.checks import prepare_oracle
+from gdn_fuzz.checks import OraclePrep
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.targets import get_target
@@ -205,7 +205,7 @@ def _die_with_parent(campaign_pid: int) -> None:
 
 
 def oracle_to_prepare(target, device: str, arms, Ts) -> tuple[tuple, tuple] | None:
-    """(arms, Ts) of the oracle compiles a worker makes before it reports ready (checks.prepare_oracle), or None:
+    """(arms, Ts) of the oracle compiles a worker starts when it reports ready (checks.OraclePrep), or None:
     the flush oracle for the arms and T the worker's checks can draw, on CUDA, for a flush-kernel target; nothing
     for a materializer (its oracle is torch: nothing to compile), nor where the target cannot launch."""
     if not str(device).startswith("cuda") or target.kernel != "flush" or target.unavailable_reason(device) is not None:
@@ -216,9 +216,10 @@ def oracle_to_prepare(target, device: str, arms, Ts) -> tuple[tuple, tuple] | No
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
-    send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal'.  torch_threads: torch's
-    intra-op threads in this worker (None: torch's default, every core); oracle_arms / oracle_Ts: the oracle
-    compiles made before 'ready' (oracle_to_prepare)."""
+    send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal' | 'setup' (the oracle did not compile:
+    the worker ends).  torch_threads: torch's intra-op threads in this worker (None: torch's default, every
+    core); oracle_arms / oracle_Ts: the oracle compiles started at 'ready' on a thread (oracle_to_prepare,
+    checks.OraclePrep)."""
     _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
     if torch_threads:
         import torch
@@ -231,13 +232,17 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     try:
         target = get_target(target_name)
         t1 = time.monotonic()
-        prep = oracle_to_prepare(target, device, oracle_arms, oracle_Ts)
+        to_prepare = oracle_to_prepare(target, device, oracle_arms, oracle_Ts)
+        # the oracle's compiles run on a thread while the first check's target compiles; its oracle calls wait
+        prep = None if to_prepare is None else OraclePrep(device, *to_prepare)
         if prep is not None:
-            prepare_oracle(device, *prep)  # the oracle's compiles, before any check is timed
+            prep.gate.on_wait = lambda waiting: conn.send(("oracle-wait" if waiting else "oracle-waited", None, 0))
     except Exception as e:  # noqa: BLE001 - the parent raises SetupError with it
         conn.send(("setup", f"{type(e).__name__}: {e}", 0))
         return
-    conn.send(("ready", dict(target_s=round(t1 - t0, 3), oracle_s=round(time.monotonic() - t1, 3)), 0))
+    # at: this process's monotonic clock (CLOCK_MONOTONIC, one clock for every process of the machine), so that the
+    # parent's ready_s is the start's, not when it read the message (a spare worker's is read later)
+    conn.send(("ready", dict(target_s=round(t1 - t0, 3), at=time.monotonic()), 0))
     arms_seen: set = set()  # compiles are counted over every arm this worker loaded
     while True:
         try:
@@ -261,16 +266,22 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
 
                 torch.cuda.synchronize()  # surface asynchronous kernel faults here, not in the next case
         except Exception as e:  # noqa: BLE001 - reported, and fatal ones end the worker
+            if prep is not None and prep.error is not None:  # the oracle's compile failed: a setup error
+                conn.send(("setup", f"the fused oracle's kernel did not compile: {prep.error}", 0))
+                return
             text = f"{type(e).__name__}: {e}"
             fatal = classify(text) == "fatal"
             conn.send(("fatal" if fatal else "error", dict(text=text, outcome=raised(e)), 0))
             if fatal:
                 os._exit(3)
             continue
+        if prep is not None and prep.error is not None:  # the oracle never compiled: no check can be judged
+            conn.send(("setup", f"the fused oracle's kernel did not compile: {prep.error}", 0))
+            return
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
-                        graphs=graphs.stats().counts()),
+                        graphs=graphs.stats().counts(), oracle=None if prep is None else prep.report()),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
@@ -310,6 +321,7 @@ class Worker:
     max_checks     recycle the worker after this many checks (None or 0: never)
     inflight_dir   where the in-flight case is written before each launch; None: a private
                    temporary directory, removed by close()
+    spare          keep a fresh process starting for reproduces() (see confirmations)
 
     Measured: last_check_s, max_check_s, median_check_s (seconds from send to answer of the
     checks that answered, compiles included), last_rss_mb.  Counters: restarts (after a
@@ -319,8 +331,17 @@ class Worker:
     def __init__(self, target_name: str, device: str, inflight_dir: Path | None = None, name: str = "w0",
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
                  max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T):
+                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T, spare: bool = False):
         self.target_name, self.device, self.name = target_name, device, name
+        # spare: keep a second, fresh process starting in the background (from this one's 'ready' on), so that
+        # reproduces() finds one ready instead of waiting for a process start (~5-13 s on the H200, run 63)
+        self.spare = spare
+        self._spare: Worker | None = None
+        self._ready = False  # the process reported 'ready' (spawn() starts one without waiting)
+        self._spawned_at = 0.0
+        # one entry per reproduces(): spare (a spare process was there), wait_s (until that process was ready),
+        # check_s (the check itself) and ready_s (the process's start to its 'ready')
+        self.confirmations: list[dict] = []
         self.oracle_arms, self.oracle_Ts = tuple(oracle_arms), tuple(oracle_Ts)  # compiled before 'ready' (CUDA)
         self.torch_threads = torch_threads
         self.timeout_s = float(timeout_s)
@@ -338,8 +359,9 @@ class Worker:
             self._cleanup = None
         self._owner_pid = os.getpid()
         # one entry per worker process started: seconds from the start to 'ready' (ready_s), of which loading the
-        # target (target_s) and compiling the oracle (oracle_s), then the first check's seconds and JIT compiles
-        # (first_check_s, first_check_compiles): where a campaign's first seconds go (issue 32)
+        # target (target_s); the oracle's compiles on the worker's thread (oracle_s) and how long checks waited
+        # for them (oracle_wait_s); the first check's seconds and JIT compiles (first_check_s,
+        # first_check_compiles): where a campaign's first seconds go (issue 32)
         self.startups: list[dict] = []
         self.restarts = 0
         self.recycles = 0
@@ -388,11 +410,23 @@ class Worker:
     # ---------------------------------------------------------------- process
 
     def start(self) -> None:
-        """Start the worker process now (check() does it when needed); raises SetupError when
-        the worker cannot start (the target cannot be loaded, the process dies or stalls)."""
+        """Start the worker process now and wait until it is ready (check() does it when needed); raises
+        SetupError when the worker cannot start (the target cannot be loaded, the process dies or stalls).
+        A process spawn() started is waited for, not started again."""
+        if self._proc is not None and self._proc.is_alive() and self._ready:
+            return
+        if self._proc is None or not self._proc.is_alive():
+            self._stop(kill=True)
+            self.spawn()
+        self._await_ready()
+        if self.spare and self._spare is None:
+            self._spawn_spare()
+
+    def spawn(self) -> None:
+        """Start the worker process without waiting for it (start() or check() waits for its 'ready')."""
         if self._proc is not None and self._proc.is_alive():
             return
-        t_start = time.monotonic()
+        self._spawned_at = time.monotonic()
         ctx = _context()
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
@@ -401,12 +435,16 @@ class Worker:
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
+        self._ready = False
         self._compiles_before = self.compiles  # a fresh worker counts its own compiles from 0
         self._graphs_before = graphs.add_counts(self._graphs_before, self._graphs_live)
         self._graphs_live = {}
         self._checks_in_worker = 0
         self._busy = False
-        deadline = time.monotonic() + self.start_timeout_s
+
+    def _await_ready(self) -> None:
+        proc, parent = self._proc, self._conn
+        deadline = self._spawned_at + self.start_timeout_s
         why = None
         while why is None:
             if parent.poll(0.05):
@@ -417,7 +455,10 @@ class Worker:
                     why = f"died while starting ({self._exit_words(proc)[0]})"
                     continue
                 if kind == "ready":
-                    self.startups.append(dict(ready_s=round(time.monotonic() - t_start, 3), **(payload or {})))
+                    self._ready = True
+                    payload = dict(payload or {})
+                    at = min(payload.pop("at", None) or time.monotonic(), time.monotonic())
+                    self.startups.append(dict(ready_s=round(at - self._spawned_at, 3), **payload))
                     return
                 why = f"could not load target {self.target_name!r}: {_first_line(payload)}"
             elif not proc.is_alive():
@@ -427,10 +468,22 @@ class Worker:
         self._stop(kill=True)
         raise SetupError(f"the gdn_fuzz worker for target {self.target_name} on {self.device} {why}")
 
+    def _fresh(self) -> "Worker":
+        """A Worker of the same target and settings, for one check in a fresh process (reproduces)."""
+        return Worker(self.target_name, self.device, inflight_dir=self.inflight_dir, name=f"{self.name}-repro",
+                      timeout_s=self.timeout_s, max_rss_mb=self.max_rss_mb, max_checks=None,
+                      start_timeout_s=self.start_timeout_s, torch_threads=self.torch_threads,
+                      oracle_arms=self.oracle_arms, oracle_Ts=self.oracle_Ts)
+
+    def _spawn_spare(self) -> None:
+        self._spare = self._fresh()
+        self._spare.spawn()
+
     def _stop(self, kill: bool = False) -> None:
         """End the worker process: politely when idle, SIGKILL when busy, hung or `kill`."""
         proc, conn = self._proc, self._conn
         self._proc, self._conn = None, None
+        self._ready = False
         if proc is None:
             return
         if not (kill or self._busy):
@@ -453,7 +506,10 @@ class Worker:
 
     def close(self) -> None:
         """End the worker; remove the in-flight file when its check finished (and the private
-        in-flight directory, if this Worker made one)."""
+        in-flight directory, if this Worker made one) and its spare."""
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
         self._stop(kill=self._busy)
         if self._last_finished:
             self.inflight_path.unlink(missing_ok=True)
@@ -559,15 +615,28 @@ class Worker:
         self._busy = True
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s
+        paused_at, paused_s = None, 0.0  # the check waits for the oracle's compile (worker's thread): not timed
         while True:
             if self._conn.poll(0.05):
                 try:
                     kind, payload, compiles = self._conn.recv()
                 except (EOFError, OSError):
                     break
-                dt = time.monotonic() - t0
+                if kind == "oracle-wait":  # the hang timer stops; the compile is bounded as a worker's start is
+                    paused_at = time.monotonic()
+                    deadline_left, deadline = deadline - paused_at, paused_at + self.start_timeout_s
+                    continue
+                if kind == "oracle-waited":
+                    now = time.monotonic()
+                    if paused_at is not None:
+                        paused_s += now - paused_at
+                        deadline, paused_at = now + deadline_left, None
+                    continue
+                dt = time.monotonic() - t0 - paused_s
                 self._busy = False
                 self.compiles = self._compiles_before + compiles
+                if kind == "setup":  # the worker cannot judge any check (its oracle did not compile)
+                    self._setup(payload)
                 if kind == "fatal":
                     self._proc.join(timeout=10)
                     if "text" in payload:
@@ -586,6 +655,8 @@ class Worker:
                         return self._resource(prop, text)
                     self._measured(dt)
                     return [Finding("launch", "H*", f"the check raised {text}", outcome=payload["outcome"])]
+                if payload.get("oracle") and self.startups:  # the oracle's compile, from the worker's thread
+                    self.startups[-1].update(payload["oracle"])
                 res = Findings(Finding(**d) for d in payload["findings"])
                 res.metrics = payload["metrics"]
                 self._graphs_live = payload.get("graphs") or self._graphs_live
@@ -603,6 +674,10 @@ class Worker:
             if not self._proc.is_alive():
                 break
             if time.monotonic() > deadline:
+                if paused_at is not None:  # the oracle's compile, not the target, took this long
+                    self._stop(kill=True)
+                    raise SetupError(f"the gdn_fuzz worker for target {self.target_name} on {self.device}: the fused "
+                                     f"oracle's compile did not finish within {self.start_timeout_s:.0f} s")
                 return self._hang(prop)
         self._proc.join(timeout=5)
         words, outcome = self._exit_words(self._proc)
@@ -634,15 +709,22 @@ class Worker:
         is not a hang).  SetupError propagates.  The campaign files a kernel bug only when
         this is True.
         """
-        w = Worker(self.target_name, self.device, inflight_dir=self.inflight_dir, name=f"{self.name}-repro",
-                   timeout_s=self.timeout_s if timeout_s is None else timeout_s, max_rss_mb=self.max_rss_mb,
-                   max_checks=None, start_timeout_s=self.start_timeout_s, oracle_arms=self.oracle_arms,
-                   oracle_Ts=self.oracle_Ts)
+        t0 = time.monotonic()
+        w, self._spare = (self._spare, None) if self._spare is not None else (self._fresh(), None)
+        had_spare = w._proc is not None
+        w.timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
+            w.start()
+            t_ready = time.monotonic()
             found = w.check(prop, case)
         finally:
             w._last_finished = True  # the caller holds the case: no in-flight file left for it
             w.close()
+            if self.spare and self._proc is not None:  # the next confirmation's process starts now
+                self._spawn_spare()
+        self.confirmations.append(dict(spare=had_spare, wait_s=round(t_ready - t0, 3),
+                                       check_s=round(time.monotonic() - t_ready, 3),
+                                       ready_s=w.startups[-1]["ready_s"] if w.startups else None))
         if any(f.signature() == signature for f in found):
             return True
         if any(f.prop in ("resource", "hang") for f in found):

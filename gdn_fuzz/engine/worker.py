@@ -143,7 +143,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, graphs=camp.graph_counts(),
-                worker_startups=camp.worker_startups(),
+                worker_startups=camp.worker_startups(), confirmations=camp.confirmations(),
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 findings=[f.to_record() for f in camp.findings.values()],
