@@ -408,6 +408,38 @@ def test_the_hang_timer_leaves_out_the_wait_for_the_oracle(tmp_path, monkeypatch
         w.close()
 
 
+def test_an_oracle_compile_killed_by_a_sticky_cuda_error_is_the_checks_crash(monkeypatch):
+    """isolation._prep_failed: when the oracle's compile on the worker's thread failed with a sticky CUDA error (the
+    target's launch faulted while it ran: H200 run 66, where this was reported as a setup error, replay stopped on
+    gpu_oob_full_window and the mutant study's shrink became flaky), the worker answers 'fatal' (a crash finding)
+    and exits; any other compile failure is 'setup'; no failure, nothing."""
+    class Conn:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    class Prep:
+        def __init__(self, error):
+            self.error = error
+
+    def exits(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(isolation.os, "_exit", exits)
+    conn = Conn()
+    assert not isolation._prep_failed(conn, None) and not isolation._prep_failed(conn, Prep(None)) and not conn.sent
+    sticky = "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
+    with pytest.raises(SystemExit):
+        isolation._prep_failed(conn, Prep(sticky))
+    assert conn.sent == [("fatal", dict(text=sticky, outcome="crash"), 0)]
+    assert isolation.fatal_outcome(sticky) == "crash: fatal CUDA error: illegal memory access"
+    conn = Conn()
+    assert isolation._prep_failed(conn, Prep("ValueError: no compiler"))
+    assert conn.sent == [("setup", "the fused oracle's kernel did not compile: ValueError: no compiler", 0)]
+
+
 def test_a_spare_worker_is_fresh_and_started_before_it_is_needed(tmp_path):
     """Worker(spare=True) (issue 32: a first finding waited for a whole process start in reproduces, 5-13 s on the
     H200): a second process starts when the worker is ready, has run no check when reproduces takes it (the

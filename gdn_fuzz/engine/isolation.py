@@ -213,6 +213,20 @@ def oracle_to_prepare(target, device: str, arms, Ts) -> tuple[tuple, tuple] | No
     return tuple(arms), tuple(Ts)
 
 
+def _prep_failed(conn, prep) -> bool:
+    """Did the oracle's compile on the worker's thread (checks.OraclePrep) fail?  Then say so and end the worker: a
+    sticky CUDA error is the check's crash (the target's launch faulted while the thread compiled: every later GPU
+    call of the process fails with it, the thread's included; measured on the H200, run 66); anything else is a
+    setup error (no check can be judged without the oracle)."""
+    if prep is None or prep.error is None:
+        return False
+    if classify(prep.error) == "fatal":
+        conn.send(("fatal", dict(text=prep.error, outcome="crash"), 0))
+        os._exit(3)
+    conn.send(("setup", f"the fused oracle's kernel did not compile: {prep.error}", 0))
+    return True
+
+
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
@@ -266,17 +280,15 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
 
                 torch.cuda.synchronize()  # surface asynchronous kernel faults here, not in the next case
         except Exception as e:  # noqa: BLE001 - reported, and fatal ones end the worker
-            if prep is not None and prep.error is not None:  # the oracle's compile failed: a setup error
-                conn.send(("setup", f"the fused oracle's kernel did not compile: {prep.error}", 0))
-                return
             text = f"{type(e).__name__}: {e}"
             fatal = classify(text) == "fatal"
+            if not fatal and _prep_failed(conn, prep):
+                return
             conn.send(("fatal" if fatal else "error", dict(text=text, outcome=raised(e)), 0))
             if fatal:
                 os._exit(3)
             continue
-        if prep is not None and prep.error is not None:  # the oracle never compiled: no check can be judged
-            conn.send(("setup", f"the fused oracle's kernel did not compile: {prep.error}", 0))
+        if not any(classify(f.message) == "fatal" for f in found) and _prep_failed(conn, prep):
             return
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
         conn.send(("fatal" if fatal_in else "ok",
