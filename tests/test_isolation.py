@@ -223,9 +223,9 @@ def test_ctrl_c_outside_the_campaign_loop_is_an_interrupted_run(tmp_path, monkey
 
 
 def test_a_worker_prepares_only_the_oracles_its_checks_can_draw():
-    """Issue 32 (a changed kernel found sooner): an isolated worker compiles the flush oracle before it reports
-    ready for the campaign's own arms and T (it compiled every arm and T), and nothing for a materializer, whose
-    oracle is torch; nothing off CUDA."""
+    """Issue 32 (a changed kernel found sooner): an isolated worker compiles the flush oracle (on a thread, from
+    its ready on) for the campaign's own arms and T (it compiled every arm and T), and nothing for a
+    materializer, whose oracle is torch; nothing off CUDA."""
     from gdn_fuzz.engine.isolation import oracle_to_prepare
 
     class T:  # a target as the worker sees it
