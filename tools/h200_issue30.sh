@@ -124,7 +124,8 @@ for step in "$@"; do
       # issue 32: seconds to the first finding on an edited kernel with a fresh machine's caches (an empty Triton
       # cache and kernel store for each run), the product command (bf16, default processes and --shrink-grace).
       # FIRST_TREES: base (BASE_TAR), new (this tree), nospare (this tree, GDN_FUZZ_SPARE_WORKER=off); their
-      # order is reversed for every second mutant, so that neither tree always runs first
+      # order is reversed for every second mutant, so that neither tree always runs first; FIRST_TAG goes into the
+      # log names (repeated runs in one call)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       i=0
@@ -139,10 +140,10 @@ for step in "$@"; do
           s1=$(date +%s)
           (cd "$dir" && PYTHONPATH=$pp TRITON_CACHE_DIR=$d/triton GDN_FUZZ_KERNEL_STORE=$d/kernels \
             GDN_FUZZ_SPARE_WORKER=$spare timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
-            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first-$tree-$m.json") \
-            > "$R/first-$tree-$m.txt" 2>&1
+            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m.json") \
+            > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
-          grep -m1 "^failure" "$R/first-$tree-$m.txt" | cut -c1-160
+          grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
         done
       done ;;
     g32tests)
