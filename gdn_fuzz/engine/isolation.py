@@ -288,9 +288,9 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             if fatal:
                 os._exit(3)
             continue
-        if not any(classify(f.message) == "fatal" for f in found) and _prep_failed(conn, prep):
-            return
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
+        if not fatal_in and _prep_failed(conn, prep):
+            return
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
                         graphs=graphs.stats().counts(), oracle=None if prep is None else prep.report()),
