@@ -1,4 +1,4 @@
-"""GPU time of the fused oracle's kernel per variant and tiling (value rows per program x warps), issue 32.
+"""GPU time of the fused oracle's kernel per tiling (value rows per program x warps), issue 32.
 
 At B = 64 (H = 16, HV = 64, T = 4) the kernel of fused_oracle.measure took ~2-3 ms of the H200
 (torch.profiler, docs/benchmarks.md "Issue 32"), against a 0.5 ms launch under test: the check's
@@ -8,13 +8,9 @@ GPU floor.  This times, for each (block_v, num_warps), the two calls a checked l
   history   fused_oracle.history on materialize's 16 history tokens of every row
 
 each captured as a CUDA graph and replayed --reps times between CUDA events (so the time is the
-GPU's, not the host's), and checks that every variant and tiling gives the first one's sums to 1e-12
-of their magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).
---variants: fused_oracle.VARIANTS (seq: token by token on the [V, K] state and record by record over
-the window; chunk: the drafts on the state's projections, two tl.dot; wdot: the window as one
-tl.dot); the tl.dot variants need block_v >= 16.  history has no variants (it is timed per tiling).
-At the end, per compiled kernel: its registers and spills, and whether its PTX holds an mma
-instruction (float64 tl.dot on SM90 may run on the tensor cores or as FMA).
+GPU's, not the host's), and checks that every tiling gives the first one's sums to 1e-12 of their
+magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  At the end, per
+compiled kernel: its registers and spills (Triton's cache of the jitted function).
 
     python benchmarks/oracle_tiling.py --target production --B 8 64 --json tiling.json
 """
@@ -75,14 +71,12 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--block-v", nargs="+", type=int, default=[8, 16, 32])
     ap.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
-    ap.add_argument("--variants", nargs="+", default=list(fused_oracle.VARIANTS), choices=list(fused_oracle.VARIANTS))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = get_target(args.target)
     rows = []
-    print(f"{'B':>4s} {'variant':>10s} {'block_v':>7s} {'warps':>5s} {'measure ms':>10s} {'history ms':>10s} "
-          f"{'vs first':>10s}")
+    print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'measure ms':>10s} {'history ms':>10s} {'vs first':>10s}")
     for B in args.B:
         case = _case(B, args.H, args.HV, args.T, seed=B)
         obs = observe(target, case, "cuda")
@@ -97,46 +91,29 @@ def main(argv=None):
         beta = torch.rand(n, 16, args.HV, device="cuda", generator=gen, dtype=torch.float64)
         rows_h = torch.arange(n, device="cuda")
         ref = None
-        hist_ms = {}
-        for variant in args.variants:
-            chunk, wdot = fused_oracle.VARIANTS[variant]
-            for bv in args.block_v:
-                if (chunk or wdot) and bv < 16:
-                    continue  # tl.dot's least size
-                for w in args.warps:
-                    def meas(bv=bv, w=w, chunk=chunk, wdot=wdot):
-                        return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
-                                                    pool_after=a["initial_state_source"], block_v=bv, num_warps=w,
-                                                    chunk=chunk, wdot=wdot).sums
+        for bv in args.block_v:
+            for w in args.warps:
+                def meas(bv=bv, w=w):
+                    return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
+                                                pool_after=a["initial_state_source"], block_v=bv, num_warps=w).sums
 
-                    def hist(bv=bv, w=w):
-                        return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
-                                                    block_v=bv, num_warps=w)
+                def hist(bv=bv, w=w):
+                    return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
+                                                block_v=bv, num_warps=w)
 
-                    try:
-                        m_ms, sums = _graph_ms(meas, args.reps)
-                    except Exception as e:  # noqa: BLE001 - a variant that does not compile here: said, not fatal
-                        print(f"{B:4d} {variant:>10s} {bv:7d} {w:5d}  failed: {type(e).__name__}: {str(e)[:300]}",
-                              flush=True)
-                        rows.append(dict(B=B, variant=variant, block_v=bv, num_warps=w,
-                                         error=f"{type(e).__name__}: {e}"[:2000]))
-                        continue
-                    if (bv, w) not in hist_ms:
-                        hist_ms[bv, w] = _graph_ms(hist, args.reps)[0]
-                    h_ms = hist_ms[bv, w]
-                    sums = sums.clone()
-                    if ref is None:
-                        ref = sums
-                    err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs()
-                           / ref[..., 1:2].sqrt().clamp_min(1e-300))
-                    agree = float(err.max())
-                    same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
-                    rows.append(dict(B=B, variant=variant, block_v=bv, num_warps=w, measure_ms=m_ms, history_ms=h_ms,
-                                     vs_first=agree, nonfinite_counts_equal=same_bad))
-                    flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
-                    print(f"{B:4d} {variant:>10s} {bv:7d} {w:5d} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e}{flag}",
-                          flush=True)
-                    _dump(args, rows)
+                m_ms, sums = _graph_ms(meas, args.reps)
+                h_ms, _ = _graph_ms(hist, args.reps)
+                sums = sums.clone()
+                if ref is None:
+                    ref = sums
+                err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs() / ref[..., 1:2].sqrt().clamp_min(1e-300))
+                agree = float(err.max())
+                same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
+                rows.append(dict(B=B, block_v=bv, num_warps=w, measure_ms=m_ms, history_ms=h_ms,
+                                 vs_first=agree, nonfinite_counts_equal=same_bad))
+                flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
+                print(f"{B:4d} {bv:7d} {w:5d} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e}{flag}", flush=True)
+                _dump(args, rows)
     kernels = _compiled()
     for k in kernels:
         print("compiled:", k, flush=True)
@@ -157,17 +134,15 @@ def _triton_version():
 
 
 def _compiled() -> list[dict]:
-    """Each compiled variant of the fused kernel: its constexprs, registers, spills and whether its PTX has mma
+    """Each compiled specialization of the fused kernel: its key (constexprs, num_warps), registers and spills
     (Triton's JITFunction cache; its layout differs between releases, so this reports what it finds)."""
     out = []
     try:
         jit = fused_oracle._kernel(False)
         for cache in jit.device_caches.values():
             for key, ck in cache[0].items():
-                ptx = ck.asm.get("ptx", "")
                 out.append(dict(key=str(key)[-300:], n_regs=getattr(ck, "n_regs", None),
-                                n_spills=getattr(ck, "n_spills", None), mma=("mma.sync" in ptx),
-                                mma_f64=("f64.f64.f64.f64" in ptx), fma_f64=ptx.count("fma.rn.f64")))
+                                n_spills=getattr(ck, "n_spills", None)))
     except Exception as e:  # noqa: BLE001 - diagnostics only
         out.append(dict(error=f"{type(e).__name__}: {e}"))
     return out

@@ -49,17 +49,6 @@ ENV = "GDN_FUZZ_ORACLE"
 CHOICES = ("auto", "spec", "fused")
 BLOCK_V = 16  # value rows per program: S and M are 2 x 16 x 128 float64 in registers
 NUM_WARPS = 2  # H200, benchmarks/oracle_tiling.py (2026-12-03): the measure kernel at B = 64 2.05 ms (4 warps: 2.92)
-CHUNK = False  # the drafts on the state's projections (two tl.dot), not token by token on the [V, K] state
-WDOT = False  # the window's sum as one tl.dot, not record by record
-VARIANTS = {"seq": (False, False), "wdot": (False, True), "chunk": (True, False), "chunk+wdot": (True, True)}
-VARIANT_ENV = "GDN_FUZZ_ORACLE_VARIANT"  # auto (CHUNK, WDOT) or one of VARIANTS: for benchmarks/throughput.py's A/B
-
-
-def variant_choice() -> str:
-    """GDN_FUZZ_ORACLE_VARIANT, validated: auto (default: CHUNK and WDOT) or a name of VARIANTS."""
-    return environment.choice(VARIANT_ENV, ("auto", *VARIANTS), "auto: this release's default; seq: the drafts token "
-                              "by token, the window record by record; chunk: the drafts on the state's projections; "
-                              "wdot: the window as one product; chunk+wdot: both")
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +154,6 @@ def _kernel(interpret: bool):
             GH,  # HV // H: v-head hv reads k-head hv // GH
             eg_ptr, beta_ptr,  # [B, T, HV] e^{g_t}, beta_t
             q_ptr, k_ptr,  # [B, T, HV, K] q_hat, k_hat
-            gram_ptr, gramm_ptr,  # CHUNK: [B, HV, T, TC] k_t . x_c and |k_t| . |x_c| (x_c: k_c, then q_{c-T})
             v_ptr, sv_b, sv_t, sv_h, sv_v,  # v [B, T, HV, V], its IO dtype
             y_ptr, ym_ptr, u_ptr, um_ptr,  # [B, T, HV, V] float64 out
             fold_ptr, foldm_ptr,  # [B, HV, V, K] float64 out
@@ -176,9 +164,8 @@ def _kernel(interpret: bool):
             slots_ptr,  # [B, T] int64: the ring slot each draft's record lands in (ring.appends)
             pa_ptr, sa_r, sa_h, sa_v, sa_k,  # the pool after the launch [pool, HV, V, K]
             sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
-            T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, TC: tl.constexpr,
-            HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False,
-            CHUNK: tl.constexpr = False, WDOT: tl.constexpr = False):
+            T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+            HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -204,19 +191,8 @@ def _kernel(interpret: bool):
             kh = hv // GH
             # the window's records are read where they are (the ring, in its stored dtype: widening is exact),
             # only the nw records of the window: nothing outside it is read, so its poison cannot leak
-            if WDOT:  # sum_j (w_j u_j) k_j^T as one [BLOCK_V, W] x [W, BLOCK_K] product
-                offs_j = tl.arange(0, W)
-                mj = offs_j < nw
-                sl = tl.load(wslot_ptr + b * W + offs_j, mask=mj, other=0)
-                wj = tl.load(w_ptr + bh * W + offs_j, mask=mj, other=0.0)
-                Kw = tl.load(kc_ptr + row * sk_r + kh * sk_h + sl[:, None] * sk_s + offs_k[None, :] * sk_k,
-                             mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float64)
-                Aw = tl.load(uw_ptr + row * sw_r + hv * sw_h + sl[None, :] * sw_s + offs_v[:, None] * sw_v,
-                             mask=mv[:, None] & mj[None, :], other=0.0).to(tl.float64) * wj[None, :]
-                S += tl.dot(Aw, Kw, input_precision="ieee", out_dtype=tl.float64)
-                M += tl.dot(tl.abs(Aw), tl.abs(Kw), input_precision="ieee", out_dtype=tl.float64)
-            else:
-                for j in range(nw):
+            for j in range(W):  # a static bound: Triton 3.6's interpreter cannot loop to a loaded value
+                if j < nw:
                     sl = tl.load(wslot_ptr + b * W + j)
                     wj = tl.load(w_ptr + bh * W + j)
                     kj = tl.load(kc_ptr + row * sk_r + kh * sk_h + sl * sk_s + offs_k * sk_k, mask=mk,
@@ -237,137 +213,64 @@ def _kernel(interpret: bool):
                 tl.store(fold_ptr + state_off, S, mask=m2)
                 tl.store(foldm_ptr + state_off, M, mask=m2)
 
-        if CHUNK and not HISTORY:
-            # the T drafts (M4) on the state's projections: column c of R is S x_c (x_c = k_c for c < T, q_{c-T}
-            # for T <= c < 2T), of Rm M |x_c|.  Each token does what the spec does to S, on the columns still
-            # needed: S <- e^{g_t} S scales them; U_t = beta_t (v_t - S k_t) reads column t; S += U_t k_t^T adds
-            # U_t (k_t . x_c) to the later ones; y_t = S q_t is column T + t once token t is done.
-            offs_c = tl.arange(0, TC)
-            is_k = offs_c < T
-            is_q = (offs_c >= T) & (offs_c < 2 * T)
-            tq = tl.where(is_q, offs_c - T, 0)
-            tk = tl.where(is_k, offs_c, 0)
-            X = (tl.load(k_ptr + ((b * T + tk[None, :]) * HV + hv) * K + offs_k[:, None],
-                         mask=mk[:, None] & is_k[None, :], other=0.0)
-                 + tl.load(q_ptr + ((b * T + tq[None, :]) * HV + hv) * K + offs_k[:, None],
-                           mask=mk[:, None] & is_q[None, :], other=0.0))  # [BLOCK_K, TC]
-            R = tl.dot(S, X, input_precision="ieee", out_dtype=tl.float64)  # [BLOCK_V, TC]
-            Rm = tl.dot(M, tl.abs(X), input_precision="ieee", out_dtype=tl.float64)
-            Uc = tl.zeros([BLOCK_V, TC], dtype=tl.float64)
-            Umc = tl.zeros([BLOCK_V, TC], dtype=tl.float64)
-            for t in tl.static_range(T):
-                bth = (b * T + t) * HV + hv
-                eg = tl.load(eg_ptr + bth)
-                bt = tl.load(beta_ptr + bth)
-                vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv,
-                             other=0.0).to(tl.float64)
-                live = (is_k & (offs_c >= t)) | (is_q & (offs_c >= T + t))
-                R = tl.where(live[None, :], R * eg, R)
-                Rm = tl.where(live[None, :], Rm * eg, Rm)
-                here = offs_c[None, :] == t
-                U = bt * (vt - tl.sum(tl.where(here, R, 0.0), axis=1))
-                Um = bt * (tl.abs(vt) + tl.sum(tl.where(here, Rm, 0.0), axis=1))
-                later = (is_k & (offs_c > t)) | (is_q & (offs_c >= T + t))
-                gr = tl.load(gram_ptr + (bh * T + t) * TC + offs_c, mask=later, other=0.0)
-                grm = tl.load(gramm_ptr + (bh * T + t) * TC + offs_c, mask=later, other=0.0)
-                R = tl.where(later[None, :], R + U[:, None] * gr[None, :], R)
-                Rm = tl.where(later[None, :], Rm + Um[:, None] * grm[None, :], Rm)
-                Uc = tl.where(here, U[:, None], Uc)
-                Umc = tl.where(here, Um[:, None], Umc)
-            mvk = mv[:, None] & is_k[None, :]
-            mvq = mv[:, None] & is_q[None, :]
-            if MEASURE:  # the appended records (columns c < T) and, with HAS_Y, the outputs (columns T + t)
-                sl = tl.load(slots_ptr + b * T + tk, mask=is_k, other=0)
-                ug = tl.load(uc_ptr + row * su_r + hv * su_h + sl[None, :] * su_s + offs_v[:, None] * su_v,
-                             mask=mvk, other=0.0).to(tl.float64)
-                du = tl.where(mvk, ug - Uc, 0.0)
-                u_err = tl.sum(tl.sum(du * du, axis=1), axis=0)
-                u_mag = tl.sum(tl.sum(tl.where(mvk, Umc * Umc, 0.0), axis=1), axis=0)
-                u_bad = tl.sum(tl.sum(tl.where(mvk & ((ug - ug) != 0.0), 1.0, 0.0), axis=1), axis=0)
-                if HAS_Y:
-                    yg = tl.load(yo_ptr + b * sy_b + tq[None, :] * sy_t + hv * sy_h + offs_v[:, None] * sy_v,
-                                 mask=mvq, other=0.0).to(tl.float64)
-                    dy = tl.where(mvq, yg - R, 0.0)
-                    y_err = tl.sum(tl.sum(dy * dy, axis=1), axis=0)
-                    y_mag = tl.sum(tl.sum(tl.where(mvq, Rm * Rm, 0.0), axis=1), axis=0)
-                    y_bad = tl.sum(tl.sum(tl.where(mvq & ((yg - yg) != 0.0), 1.0, 0.0), axis=1), axis=0)
-                else:
-                    y_err = 0.0
-                    y_mag = 0.0
-                    y_bad = 0.0
-            else:
-                uo = ((b * T + tk[None, :]) * HV + hv) * V + offs_v[:, None]
-                yo = ((b * T + tq[None, :]) * HV + hv) * V + offs_v[:, None]
-                tl.store(u_ptr + uo, Uc, mask=mvk)
-                tl.store(um_ptr + uo, Umc, mask=mvk)
-                tl.store(y_ptr + yo, R, mask=mvq)
-                tl.store(ym_ptr + yo, Rm, mask=mvq)
-        else:
-            if MEASURE:
-                y_err = tl.zeros([BLOCK_V], dtype=tl.float64)
-                y_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
-                y_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
-                u_err = tl.zeros([BLOCK_V], dtype=tl.float64)
-                u_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
-                u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
+        if MEASURE:
+            y_err = tl.zeros([BLOCK_V], dtype=tl.float64)
+            y_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
+            y_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_err = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
+            u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
 
-            # the T drafts (M4) and their magnitudes, token by token on the whole [BLOCK_V, K] state
-            for t in range(T):
-                bth = (b * T + t) * HV + hv
-                eg = tl.load(eg_ptr + bth)
-                bt = tl.load(beta_ptr + bth)
-                kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
-                vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv,
-                             other=0.0).to(tl.float64)
-                S = eg * S
-                U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
-                S += U[:, None] * kt[None, :]
-                out_off = bth * V + offs_v
-                if not MEASURE:
-                    tl.store(u_ptr + out_off, U, mask=mv)
-                if not HISTORY:
-                    qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
-                    qa = tl.abs(qt)
-                    ka = tl.abs(kt)
-                    y = tl.sum(S * qt[None, :], axis=1)
-                    M = eg * M
-                    Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
-                    M += Um[:, None] * ka[None, :]
-                    ym = tl.sum(M * qa[None, :], axis=1)
-                    if MEASURE:  # this draft's appended record and, with HAS_Y, its output
-                        slot = tl.load(slots_ptr + b * T + t)
-                        ug = tl.load(uc_ptr + row * su_r + hv * su_h + slot * su_s + offs_v * su_v, mask=mv,
+        # the T drafts (M4) and their magnitudes
+        for t in range(T):
+            bth = (b * T + t) * HV + hv
+            eg = tl.load(eg_ptr + bth)
+            bt = tl.load(beta_ptr + bth)
+            kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
+            vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv,
+                         other=0.0).to(tl.float64)
+            S = eg * S
+            U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
+            S += U[:, None] * kt[None, :]
+            out_off = bth * V + offs_v
+            if not MEASURE:
+                tl.store(u_ptr + out_off, U, mask=mv)
+            if not HISTORY:
+                qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
+                qa = tl.abs(qt)
+                ka = tl.abs(kt)
+                y = tl.sum(S * qt[None, :], axis=1)
+                M = eg * M
+                Um = bt * (tl.abs(vt) + tl.sum(M * ka[None, :], axis=1))
+                M += Um[:, None] * ka[None, :]
+                ym = tl.sum(M * qa[None, :], axis=1)
+                if MEASURE:  # this draft's appended record and, with HAS_Y, its output
+                    slot = tl.load(slots_ptr + b * T + t)
+                    ug = tl.load(uc_ptr + row * su_r + hv * su_h + slot * su_s + offs_v * su_v, mask=mv,
+                                 other=0.0).to(tl.float64)
+                    du = ug - U
+                    u_err += du * du
+                    u_mag += Um * Um
+                    u_bad += tl.where((ug - ug) != 0.0, 1.0, 0.0)
+                    if HAS_Y:
+                        yg = tl.load(yo_ptr + b * sy_b + t * sy_t + hv * sy_h + offs_v * sy_v, mask=mv,
                                      other=0.0).to(tl.float64)
-                        du = ug - U
-                        u_err += du * du
-                        u_mag += Um * Um
-                        u_bad += tl.where((ug - ug) != 0.0, 1.0, 0.0)
-                        if HAS_Y:
-                            yg = tl.load(yo_ptr + b * sy_b + t * sy_t + hv * sy_h + offs_v * sy_v, mask=mv,
-                                         other=0.0).to(tl.float64)
-                            dy = yg - y
-                            y_err += dy * dy
-                            y_mag += ym * ym
-                            y_bad += tl.where((yg - yg) != 0.0, 1.0, 0.0)
-                    else:
-                        tl.store(y_ptr + out_off, y, mask=mv)
-                        tl.store(ym_ptr + out_off, ym, mask=mv)
-                        tl.store(um_ptr + out_off, Um, mask=mv)
-            if MEASURE:
-                y_err = tl.sum(y_err, axis=0)
-                y_mag = tl.sum(y_mag, axis=0)
-                y_bad = tl.sum(y_bad, axis=0)
-                u_err = tl.sum(u_err, axis=0)
-                u_mag = tl.sum(u_mag, axis=0)
-                u_bad = tl.sum(u_bad, axis=0)
+                        dy = yg - y
+                        y_err += dy * dy
+                        y_mag += ym * ym
+                        y_bad += tl.where((yg - yg) != 0.0, 1.0, 0.0)
+                else:
+                    tl.store(y_ptr + out_off, y, mask=mv)
+                    tl.store(ym_ptr + out_off, ym, mask=mv)
+                    tl.store(um_ptr + out_off, Um, mask=mv)
         if MEASURE:  # one program's partial sums; measure() adds the NVB programs of a (row, head)
             so = sums_ptr + (bh * NVB + pid_v) * 9
-            tl.store(so + 0, y_err)
-            tl.store(so + 1, y_mag)
-            tl.store(so + 2, y_bad)
-            tl.store(so + 3, u_err)
-            tl.store(so + 4, u_mag)
-            tl.store(so + 5, u_bad)
+            tl.store(so + 0, tl.sum(y_err, axis=0))
+            tl.store(so + 1, tl.sum(y_mag, axis=0))
+            tl.store(so + 2, tl.sum(y_bad, axis=0))
+            tl.store(so + 3, tl.sum(u_err, axis=0))
+            tl.store(so + 4, tl.sum(u_mag, axis=0))
+            tl.store(so + 5, tl.sum(u_bad, axis=0))
             tl.store(so + 6, f_err)
             tl.store(so + 7, f_mag)
             tl.store(so + 8, f_bad)
@@ -376,13 +279,13 @@ def _kernel(interpret: bool):
 
 
 def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist_len, cache_base, flush_min,
-             scale, validate, chunk):
+             scale, validate):
     """What launch() and measure() share: the device check, and the kernel's small per-token and per-window
     inputs by the spec's functions (gather_window validates the cursors exactly as the spec does: the one
     check_cursors of a call; on a zero-width value dimension it gathers only G and the window mask: the kernel
     reads the window's keys and updates from the rings), and the value-independent fields of the expectation
-    (k_app, g_app, g_mag, slots, flush, pad: ring.appends, the spec's own code).  chunk: also the Gram rows of
-    the chunked token loop.  Returns (kernel inputs by name, appends, (B, T, H, K, HV, V))."""
+    (k_app, g_app, g_mag, slots, flush, pad: ring.appends, the spec's own code).  Returns (the kernel's inputs by
+    name, appends, (B, T, H, K, HV, V))."""
     why = unavailable(q.device)
     if why is not None:
         raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
@@ -399,29 +302,11 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist
     named = dict(rows=rows.contiguous(), egp=torch.exp(GP).contiguous(), w=w.contiguous(),
                  wslots=ring_oracle.ring_slots(cache_base, 0, W).contiguous(), nwin=valid.sum(1).contiguous(),
                  eg=torch.exp(g).contiguous(), beta=beta.contiguous(), q=q_hat.contiguous(), k=k_hat.contiguous())
-    if chunk:
-        named["gram"], named["gramm"] = _gram(q_hat, k_hat)
     app = ring_oracle.appends(g, GP, k_hat, H, idx, hist_len, cache_base, flush_min)
     return named, app, (B, T, H, K, HV, V)
 
 
 W = ring_oracle.W_RING  # the window's records (16)
-
-
-def _tc(T: int) -> int:
-    """The chunked loop's columns: k_0 .. k_{T-1}, q_0 .. q_{T-1}, padded to a power of two >= 16 (tl.dot's least
-    size)."""
-    return max(16, _next_pow2(2 * T))
-
-
-def _gram(q_hat, k_hat):
-    """[B, HV, T, TC] k_t . x_c and |k_t| . |x_c| (x_c = k_c for c < T, q_{c-T} for T <= c < 2T, 0 beyond): what
-    the update S += U_t k_t^T adds to the chunked loop's column c, per unit of U_t."""
-    B, T, HV, K = k_hat.shape
-    X = torch.zeros(B, _tc(T), HV, K, dtype=torch.float64, device=k_hat.device)
-    X[:, :T], X[:, T:2 * T] = k_hat, q_hat
-    return (torch.einsum("bthk,bchk->bhtc", k_hat, X).contiguous(),
-            torch.einsum("bthk,bchk->bhtc", k_hat.abs(), X.abs()).contiguous())
 
 
 class Gate:
@@ -467,10 +352,9 @@ def install_gate(gate: Gate | None) -> None:
 
 
 def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_cache=None, stores=None,
-         observed=None, chunk=False, wdot=False, **flags):
+         observed=None, **flags):
     """One launch of the kernel on the grid (V / block_v, HV, n) for the three callers (launch, measure,
-    history).  named: _prepare's inputs (rows, egp, w, wslots, nwin, eg, beta, q, k, and with chunk gram,
-    gramm); k_cache, u_cache: the rings before the launch (the window's records); stores: y, y_mag, U, U_mag,
+    history).  named: _prepare's inputs (rows, egp, w, wslots, nwin, eg, beta, q, k); k_cache, u_cache: the rings before the launch (the window's records); stores: y, y_mag, U, U_mag,
     fold, fold_mag (launch, history); observed: (y_out, its strides, u_after, its strides, slots, pool_after, its
     strides, sums, NVB) (measure).  A pointer a variant never touches is `unused`."""
     n, T, K, HV, V = dims
@@ -489,34 +373,24 @@ def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_ca
     gh = HV // k_cache.shape[1] if k_cache is not None else 1
     _kernel(_interpreter()[0])[(_cdiv(V, block_v), HV, n)](
         pool, *pool.stride(), x("rows"), x("egp"), x("w"), kc, *kcs, uw, *uws, x("wslots"), x("nwin"), gh,
-        x("eg"), x("beta"), x("q"), x("k"), x("gram"), x("gramm"), v, *v.stride(), *stores, HV, V, K,
+        x("eg"), x("beta"), x("q"), x("k"), v, *v.stride(), *stores, HV, V, K,
         yo, *sy, uc, *su, slots, pa, *sa, sums, nvb, T=T, W=W, BLOCK_V=block_v, BLOCK_K=_next_pow2(K),
-        TC=_tc(T), num_warps=num_warps, CHUNK=chunk, WDOT=wdot, **flags)
+        num_warps=num_warps, **flags)
 
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, chunk: bool | None = None,
-           wdot: bool | None = None) -> ring_oracle.LaunchExpectation:
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
-    Triton kernel.  block_v: value rows per program (a power of two; >= 16 with chunk or wdot, tl.dot's least
-    size); chunk, wdot: the kernel's variants (default CHUNK, WDOT).  Reads its inputs, writes nothing."""
-    chunk, wdot = _variant(chunk, wdot)
+    Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
-                                               hist_len, cache_base, flush_min, scale, validate, chunk)
+                                               hist_len, cache_base, flush_min, scale, validate)
     f64 = dict(dtype=torch.float64, device=q.device)
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     _run(pool, named, v, (B, T, K, HV, V), unused=y, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), chunk=chunk, wdot=wdot)
+         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag))
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
-
-
-def _variant(chunk, wdot) -> tuple[bool, bool]:
-    """The kernel's variant: the arguments where given, else GDN_FUZZ_ORACLE_VARIANT's, else CHUNK and WDOT."""
-    which = variant_choice()
-    c, w = (CHUNK, WDOT) if which == "auto" else VARIANTS[which]
-    return (c if chunk is None else bool(chunk)), (w if wdot is None else bool(wdot))
 
 
 @dataclass
@@ -544,24 +418,22 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, chunk: bool | None = None,
-            wdot: bool | None = None) -> Measured:
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> Measured:
     """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
     the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
     u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
     launch, rows idx).  Nothing of size [B, HV, V, K] or [B, T, HV, V] is written: the partial sums of one
     program (BLOCK_V value rows) are stored, and added here per (row, v-head).  The same sums as
     checks.summed_errors on launch()'s fields, in another summation order (tests/test_fused_oracle.py)."""
-    chunk, wdot = _variant(chunk, wdot)
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
-                                               hist_len, cache_base, flush_min, scale, validate, chunk)
+                                               hist_len, cache_base, flush_min, scale, validate)
     nvb = _cdiv(V, block_v)
     sums = torch.zeros(B, HV, nvb, 3, 3, dtype=torch.float64, device=q.device)
     has_y = y_out is not None
     observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
                 app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
     _run(pool, named, v, (B, T, K, HV, V), unused=sums, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, observed=observed, chunk=chunk, wdot=wdot, MEASURE=True, HAS_Y=has_y)
+         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y)
     return Measured(sums=sums.sum(2), **app)
 
 

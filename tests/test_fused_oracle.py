@@ -154,16 +154,10 @@ def small_cases(draw, poison=None):
     return dataclasses.replace(case, rows=rows)
 
 
-def _compare_case(case: Case, block_v: int, variant: str = "seq") -> dict:
-    """(in the interpreter process) both oracles on the materialized case, every field compared; variant: the
-    kernel's (fused_oracle.VARIANTS: the drafts token by token or on the state's projections, the window record
-    by record or as one product)."""
+def _compare_case(case: Case, block_v: int) -> dict:
+    """(in the interpreter process) both oracles on the materialized case, every field compared."""
     kw = kwargs(case, materialize(case))
-    chunk, wdot = fused_oracle.VARIANTS[variant]
-    return compare(fused_oracle.launch(**kw, block_v=block_v, chunk=chunk, wdot=wdot), ring.launch(**kw))
-
-
-VARIANTS = tuple(fused_oracle.VARIANTS)
+    return compare(fused_oracle.launch(**kw, block_v=block_v), ring.launch(**kw))
 
 
 def _events(case: Case):
@@ -173,41 +167,36 @@ def _events(case: Case):
 
 
 @hsettings(10)
-@given(case=small_cases(), block_v=st.sampled_from((128, 32)), variant=st.sampled_from(VARIANTS))
-def test_fused_matches_spec(interpreter, case, block_v, variant):
-    """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc), in each
-    of the kernel's variants."""
+@given(case=small_cases(), block_v=st.sampled_from((128, 32)))
+def test_fused_matches_spec(interpreter, case, block_v):
+    """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc)."""
     _events(case)
-    event(f"variant {variant}")
-    run_in_interpreter(interpreter, _compare_case, case, block_v, variant)
+    run_in_interpreter(interpreter, _compare_case, case, block_v)
 
 
 @hsettings(6)
-@given(case=small_cases(poison=True), variant=st.sampled_from(VARIANTS))
-def test_fused_matches_spec_poisoned(interpreter, case, variant):
+@given(case=small_cases(poison=True))
+def test_fused_matches_spec_poisoned(interpreter, case):
     """Poisoned rings and unused pool rows (NaN): NaN appears exactly where the spec has it."""
     _events(case)
-    event(f"variant {variant}")
-    run_in_interpreter(interpreter, _compare_case, case, 128, variant)
+    run_in_interpreter(interpreter, _compare_case, case, 128)
 
 
-def _gpu_tiling(variant: str):
+def _gpu_tiling():
     case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, seed=7, regime=Regime(poison=True),
                 rows=(Row(3, 16, 20), Row(-1, 23, -5), Row(2, 5, 29)))
     kw = kwargs(case, materialize(case))
-    chunk, wdot = fused_oracle.VARIANTS[variant]
-    f, s = fused_oracle.launch(**kw, chunk=chunk, wdot=wdot), ring.launch(**kw)  # the default block_v: the GPU's
+    f, s = fused_oracle.launch(**kw), ring.launch(**kw)  # the default block_v: the GPU's tiling
     assert fused_oracle.BLOCK_V == 16
     assert bool(torch.isnan(s.y[1]).all()) and not bool(torch.isnan(s.y[0]).any())  # the case does what it says
     assert s.flush.tolist() == [True, False, False] and s.pad.tolist() == [False, True, False]
     return compare(f, s)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_fused_matches_spec_gpu_tiling(interpreter, variant):
+def test_fused_matches_spec_gpu_tiling(interpreter):
     """The GPU's tiling (block_v = 16: 8 programs per (row, head)); a wrapped full window, a flush row,
     a verify row and a pad row whose pool row 0 is poisoned: the pad row reads NaN in both oracles."""
-    run_in_interpreter(interpreter, _gpu_tiling, variant)
+    run_in_interpreter(interpreter, _gpu_tiling)
 
 
 def _history_both(n: int, HV: int, K: int, V: int, state: str, io: str, seed: int, block_v: int) -> float:
@@ -523,14 +512,12 @@ def _observed(case: Case, perturb: str, device: str = "cpu"):
     return obs
 
 
-def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu", variant: str | None = None):
+def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu"):
     obs = _observed(case, perturb, device)
     kw = kwargs(case, obs.before)
     want = checks.summed_errors(obs, ring.launch(**kw))
-    chunk, wdot = fused_oracle.VARIANTS[variant] if variant else (None, None)  # None: the defaults
     got = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                               pool_after=obs.after["initial_state_source"], block_v=block_v, chunk=chunk,
-                               wdot=wdot).sums
+                               pool_after=obs.after["initial_state_source"], block_v=block_v).sums
     assert got.shape == want.shape == (case.B, case.HV, 3, 3), (got.shape, want.shape)
     assert torch.equal(got[..., 2], want[..., 2]), f"non-finite counts differ: {got[..., 2]} vs {want[..., 2]}"
     err_f, err_s, den_f, den_s = got[..., 0].sqrt(), want[..., 0].sqrt(), got[..., 1].sqrt(), want[..., 1].sqrt()
@@ -546,54 +533,45 @@ def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu", v
 
 
 @hsettings(8)
-@given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)),
-       variant=st.sampled_from(VARIANTS))
-def test_measure_matches_summed_errors(interpreter, case, perturb, block_v, variant):
+@given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)))
+def test_measure_matches_summed_errors(interpreter, case, perturb, block_v):
     """fused_oracle.measure's sums equal checks.summed_errors of the spec's expectation (bound above), for the
-    reference target's launch and for one planted error in what it left (NaN, inf, noise, no output), in each
-    of the kernel's variants."""
+    reference target's launch and for one planted error in what it left (NaN, inf, noise, no output)."""
     _events(case)
     event(f"perturb {perturb}")
-    event(f"variant {variant}")
-    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v, "cpu", variant)
+    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_measure_counts_planted_non_finite(interpreter, variant):
+def test_measure_counts_planted_non_finite(interpreter):
     """The GPU's tiling (block_v 16): a NaN planted in one u record and an inf in y are each counted once."""
     case = dataclasses.replace(CASE, rows=(Row(2, 6, 30), Row(0, 16, 3)))
-    for perturb in ("nan_u", "inf_y"):
-        assert run_in_interpreter(interpreter, _measure_both, case, perturb, fused_oracle.BLOCK_V, "cpu",
-                                  variant) == 1
+    assert run_in_interpreter(interpreter, _measure_both, case, "nan_u", fused_oracle.BLOCK_V) == 1
+    assert run_in_interpreter(interpreter, _measure_both, case, "inf_y", fused_oracle.BLOCK_V) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the compiled kernel (the tests "
                     "above run it in Triton's interpreter)")
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("perturb", PERTURB)
-def test_measure_on_cuda_matches_summed_errors(perturb, variant):
-    """The compiled kernel (the GPU's tiling), each variant: the same sums as summed_errors, non-finite values
-    counted."""
+def test_measure_on_cuda_matches_summed_errors(perturb):
+    """The compiled kernel (the GPU's tiling): the same sums as summed_errors, non-finite values counted."""
     case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, seed=3, draws="cuda", regime=Regime(poison=True),
                 rows=(Row(3, 16, 20), Row(0, 9, 30), Row(2, 5, 29)))
-    n = _measure_both(case, perturb, fused_oracle.BLOCK_V, "cuda", variant)
+    n = _measure_both(case, perturb, fused_oracle.BLOCK_V, "cuda")
     assert n == (1 if perturb in ("nan_u", "inf_y") else 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the compiled kernel (the tests "
                     "above run it in Triton's interpreter)")
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("decay", ("normal", "vanishing"))
-def test_fused_on_cuda_matches_spec(variant, decay):
-    """The compiled kernel, each variant: every field of launch() equals the spec's to float64 rounding (module
-    doc), at T = 8 with a full window, a flush row, a pad row on a poisoned pool row 0 and a vanishing-decay regime
-    (g down to ~-60 per token: the projections' decays multiply as the spec's state does)."""
+def test_fused_on_cuda_matches_spec(decay):
+    """The compiled kernel: every field of launch() equals the spec's to float64 rounding (module doc), at T = 8
+    with a full window, a flush row, windows of 5 and 0 records, a pad row on a poisoned pool row 0 and, in the
+    vanishing-decay regime, g down to ~-60 per token."""
     case = Case(arm="bf16", T=8, H=2, HV=8, pool=5, flush_min=9, seed=11, draws="cuda",
                 regime=Regime(poison=True, decay=decay), rows=(Row(4, 16, 20), Row(-1, 3, 7), Row(1, 5, 29),
                                                                Row(2, 0, 0)))
     kw = kwargs(case, materialize(case, "cuda"))
-    chunk, wdot = fused_oracle.VARIANTS[variant]
-    compare(fused_oracle.launch(**kw, chunk=chunk, wdot=wdot), ring.launch(**kw))
+    compare(fused_oracle.launch(**kw), ring.launch(**kw))
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",

@@ -178,25 +178,16 @@ for step in "$@"; do
     g32tiling)
       # issue 32: GPU time of the fused oracle's kernel per (block_v, num_warps), measure and history, B 8 and 64
       need_bundle
-      # TILING_ARGS: e.g. "--variants seq chunk --block-v 16 32 --warps 2 4" (default: every variant and tiling)
+      # TILING_ARGS: e.g. "--block-v 8 16 --warps 1 2" (default: the script's tilings)
       timeout "${TILING_S:-400}" python3 benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} \
         --json "$R/$step.json" > "$R/$step.txt" 2>&1
-      echo "$step rc=$?" ;;
-    g32vtable)
-      # issue 32: the per-shape table of this tree once per fused-oracle variant (VTABLE_VARIANTS, through
-      # GDN_FUZZ_ORACLE_VARIANT), graphs on, then the base tree (BASE_TAR) once, in one call
-      need_bundle
+      echo "$step rc=$?"
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
-      args="--target production --device cuda --arms bf16 --H 16 --HV 64 --B 8 64 --T 4 --draws device --reps ${REPS:-5}"
-      for v in ${VTABLE_VARIANTS:-seq chunk}; do
-        GDN_FUZZ_ORACLE_VARIANT=$v timeout 300 python3 benchmarks/throughput.py $args --graphs auto \
-          --json "$R/$step-$v.json" > "$R/$step-$v.txt" 2>&1
-        echo "$step $v rc=$?"; tail -n 4 "$R/$step-$v.txt" | cut -c1-240
-      done
-      if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then
+      if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then  # the base tree's kernel, same tilings, same call
         (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 300 python3 \
-          benchmarks/throughput.py $args --json "$R/$step-base.json") > "$R/$step-base.txt" 2>&1
-        echo "$step base rc=$?"; tail -n 4 "$R/$step-base.txt" | cut -c1-240
+          benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} --json "$R/$step-base.json") \
+          > "$R/$step-base.txt" 2>&1
+        echo "$step base rc=$?"; tail -n 12 "$R/$step-base.txt" | cut -c1-200
       fi ;;
     g32replay)
       need_bundle

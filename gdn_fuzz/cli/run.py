@@ -59,8 +59,7 @@ def validate_run_args(args) -> None:
     from gdn_fuzz import fused_oracle, graphs
     from gdn_fuzz.engine.campaign import spare_worker_default
 
-    for read in (graphs.choice, fused_oracle.choice, fused_oracle.variant_choice,
-                 lambda: spare_worker_default("cpu")):
+    for read in (graphs.choice, fused_oracle.choice, lambda: spare_worker_default("cpu")):
         try:
             read()
         except ValueError as e:
