@@ -47,8 +47,15 @@ from gdn_fuzz.oracles import ring as ring_oracle
 
 ENV = "GDN_FUZZ_ORACLE"
 CHOICES = ("auto", "spec", "fused")
-BLOCK_V = 16  # value rows per program: S and M are 2 x 16 x 128 float64 in registers
-NUM_WARPS = 2  # H200, benchmarks/oracle_tiling.py (2026-12-03): the measure kernel at B = 64 2.05 ms (4 warps: 2.92)
+# value rows per program (S and M: 2 x BLOCK_V x 128 float64 in registers) and warps per program, of launch() and
+# measure(): H200, benchmarks/oracle_tiling.py (2026-12-04, run 71): the measure kernel at B = 64 1.28 ms at 8 x 1,
+# 1.50 at 16 x 2 (it spilled there: 255 registers), 1.79 at 32 x 4; at B = 8 0.34 / 0.37 / 0.40 ms
+BLOCK_V = 8
+NUM_WARPS = 1
+# history()'s (case.materialize's windows on CUDA): pinned, since the tiling sets the order of its float64 sums over
+# K, and so, rarely, a bit of the float32 records a CUDA-drawn case materializes (corpus entries replay them)
+HISTORY_BLOCK_V = 16
+HISTORY_NUM_WARPS = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -437,7 +444,8 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     return Measured(sums=sums.sum(2), **app)
 
 
-def history(pool, rows, g, beta, k_hat, v, *, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> torch.Tensor:
+def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
+            num_warps: int = HISTORY_NUM_WARPS) -> torch.Tensor:
     """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
     (its second output), from the launch kernel with no window and no magnitudes: how
     case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored

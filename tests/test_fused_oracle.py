@@ -32,7 +32,7 @@ there is raised here, so failures shrink as usual).
 
 Each test runs a few examples only: the interpreter costs ~30 ms per program instance, so
 the drawn cases mostly use one program per (row, head) (block_v = 128 or 32) and one example
-pins the GPU's tiling (block_v = 16).
+pins the GPU's tiling (block_v = 8).
 """
 
 from __future__ import annotations
@@ -187,14 +187,14 @@ def _gpu_tiling():
                 rows=(Row(3, 16, 20), Row(-1, 23, -5), Row(2, 5, 29)))
     kw = kwargs(case, materialize(case))
     f, s = fused_oracle.launch(**kw), ring.launch(**kw)  # the default block_v: the GPU's tiling
-    assert fused_oracle.BLOCK_V == 16
+    assert fused_oracle.BLOCK_V == 8
     assert bool(torch.isnan(s.y[1]).all()) and not bool(torch.isnan(s.y[0]).any())  # the case does what it says
     assert s.flush.tolist() == [True, False, False] and s.pad.tolist() == [False, True, False]
     return compare(f, s)
 
 
 def test_fused_matches_spec_gpu_tiling(interpreter):
-    """The GPU's tiling (block_v = 16: 8 programs per (row, head)); a wrapped full window, a flush row,
+    """The GPU's tiling (block_v = 8: 16 programs per (row, head)); a wrapped full window, a flush row,
     a verify row and a pad row whose pool row 0 is poisoned: the pad row reads NaN in both oracles."""
     run_in_interpreter(interpreter, _gpu_tiling)
 
@@ -543,7 +543,7 @@ def test_measure_matches_summed_errors(interpreter, case, perturb, block_v):
 
 
 def test_measure_counts_planted_non_finite(interpreter):
-    """The GPU's tiling (block_v 16): a NaN planted in one u record and an inf in y are each counted once."""
+    """The GPU's tiling (block_v 8): a NaN planted in one u record and an inf in y are each counted once."""
     case = dataclasses.replace(CASE, rows=(Row(2, 6, 30), Row(0, 16, 3)))
     assert run_in_interpreter(interpreter, _measure_both, case, "nan_u", fused_oracle.BLOCK_V) == 1
     assert run_in_interpreter(interpreter, _measure_both, case, "inf_y", fused_oracle.BLOCK_V) == 1
