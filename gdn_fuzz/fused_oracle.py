@@ -17,9 +17,12 @@ once (in its stored dtype) and computes, in float64 throughout, exactly what the
 writing y, y_mag, U, U_mag [B, T, HV, V] and fold = S_P, fold_mag = S_mag [B, HV, V, K].
 
 Everything without a [V, K] state comes from the spec's own functions, called before the
-kernel: gates (g, beta), normalized_qk (q_hat, k_hat), gather_window (the masked window and the
-cursor check), replay on a zero-width state (its anchor G_P and weights w), and appends (the
-fields that do not depend on the value dimension: k_app, g_app, g_mag, slots, flush, pad).
+kernel: gates (g, beta), normalized_qk (q_hat, k_hat), gather_window on a zero-width value
+dimension (the window's G and mask, and the cursor check), replay on a zero-width state (its
+anchor G_P and weights w), ring_slots (the window's slots), and appends (the fields that do not
+depend on the value dimension: k_app, g_app, g_mag, slots, flush, pad).  The kernel reads the
+window's keys and updates from the rings themselves (k_cache, u_cache, in their stored dtype),
+only the records inside the window: the spec's masked gather, without its float64 copies.
 The kernel therefore only sums in another order than torch does: agreement with the spec is to
 float64 rounding (tests/test_fused_oracle.py), never by definition.  The spec stays the
 definition of every property; this module is a faster way to evaluate it.
