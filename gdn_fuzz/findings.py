@@ -232,3 +232,97 @@ class Findings(list):
 
     metrics: dict | None = None
 
+
+
+# ------------------------------------------------------------------ findings grouped by bug
+
+
+def _case_size(case: dict) -> tuple:
+    """How big a shrunk case is (Hypothesis shrinks toward small ones): live rows, batch rows, T, the JSON."""
+    rows = case.get("rows") or case.get("requests") or []
+    live = [r for r in rows if isinstance(r, dict) and r.get("slot", 0) >= 0]
+    return len(live), len(rows), case.get("T", 0), len(repr(sorted(case.items())))
+
+
+_WRAPPED = re.compile(r"^[a-z][a-z_]*\.(?=(?:oracle|writes)[.\s])")
+
+
+def symptom(signature: str) -> str:
+    """A signature without the name of the property that made its launch, where the check is the launch check's
+    (oracle.*, writes.*): "extremes.oracle.fold [M7] out of tolerance (flush rows)" is the launch property's
+    "oracle.fold [M7] out of tolerance (flush rows)" seen through the extremes property's gates.  Others as given."""
+    return _WRAPPED.sub("", signature)
+
+
+def group_findings(records: list[dict]) -> list[dict]:
+    """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
+    showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
+    are the same case, or when they are the same check failing the same way on launches of two properties
+    (symptom(): the same check id, clause, outcome and rows).  The groups are the connected components of those
+    links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal launch: one group,
+    three symptoms).  Signatures that differ in the rows they fail on (flush, verify) or in the outcome (out of
+    tolerance, non-finite) are linked only through a shared launch: they may be two bugs.
+
+    records: CampaignFinding.to_record() dicts (signature, case, launch_signatures; a record without
+    launch_signatures links only through its case).  Returns one dict per group, largest first: `symptoms`, the
+    signatures, most specific first (the one whose shrunk launch showed the fewest other signatures of the run, then
+    the smallest shrunk case, then by name), `headline` (the first) and `records` (the same order).  Grouping is
+    presentation only: every signature stays a finding of its own (its own corpus entry and exit status)."""
+    recs = {r["signature"]: r for r in records}
+    parent = {s: s for s in recs}
+
+    def root(s):
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    def link(a, b):
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    by_case: dict[str, str] = {}
+    by_symptom: dict[str, str] = {}
+    for s, r in recs.items():
+        sym = symptom(s)
+        if sym in by_symptom:
+            link(s, by_symptom[sym])
+        else:
+            by_symptom[sym] = s
+        for other in r.get("launch_signatures") or ():
+            if other in recs:
+                link(s, other)
+        key = repr(sorted((r.get("case") or {}).items()))
+        if key in by_case:
+            link(s, by_case[key])
+        else:
+            by_case[key] = s
+    members: dict[str, list[str]] = {}
+    for s in recs:
+        members.setdefault(root(s), []).append(s)
+
+    def specific(s):
+        shown = [x for x in recs[s].get("launch_signatures") or () if x in recs and x != s]
+        return len(shown), _case_size(recs[s].get("case") or {}), s
+
+    groups = []
+    for sigs in members.values():
+        sigs.sort(key=specific)
+        groups.append(dict(headline=sigs[0], symptoms=sigs, records=[recs[s] for s in sigs]))
+    groups.sort(key=lambda g: (-len(g["symptoms"]), g["headline"]))
+    return groups
+
+
+def groups_line(groups: list[dict]) -> str:
+    """One line for a run's end: 'N bug(s) (S symptoms ...): headline (+k: a; b), ...' ('' without findings)."""
+    if not groups:
+        return ""
+    n = sum(len(g["symptoms"]) for g in groups)
+    parts = []
+    for g in groups:
+        more = g["symptoms"][1:]
+        parts.append(g["headline"] + (f" (+{len(more)}: {'; '.join(more)})" if more else ""))
+    head = (f"{len(groups)} bug{'s' if len(groups) != 1 else ''}, {n} symptom{'s' if n != 1 else ''} "
+            "(symptoms that share a shrunk launch, or one check failing alike under two properties, are one bug)")
+    return head + ": " + " | ".join(parts)

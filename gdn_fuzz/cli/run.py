@@ -20,6 +20,7 @@ from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpu
 from gdn_fuzz.engine.raycluster import run_on_ray
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
+from gdn_fuzz.findings import group_findings, groups_line
 from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.strategies import POOL_SCALES
 from gdn_fuzz.targets import kernel_of, releases
@@ -241,19 +242,22 @@ def cmd_run(args) -> int:
             pt.add_row(p.name, str(pp["examples"]), f"{pp['first_s']:.1f}s (example {pp['first_example'] + 1})",
                        f"{pp['seconds']:.1f}")
     console.print(pt)
+    groups = group_findings([f.to_record() for f in camp.findings.values()])
     if camp.findings or camp.known_hits:
-        ft = Table(title="findings by signature")
-        cols = ("signature", "status", "first at", "examples before", "shrunk", "corpus entry")
-        keep = (0, 1, 4, 5) if narrow else range(len(cols))  # narrow: when and after how many examples go
+        ft = Table(title="findings by signature (bug: symptoms that share a shrunk launch)")
+        cols = ("bug", "signature", "status", "first at", "examples before", "shrunk", "corpus entry")
+        keep = (0, 1, 2, 5, 6) if narrow else range(len(cols))  # narrow: when and after how many examples go
         for i in keep:
             ft.add_column(cols[i], overflow="fold")
-        for f in camp.findings.values():
-            row = (f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
-                   f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
-                   "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
-            ft.add_row(*(row[i] for i in keep))
+        for n, g in enumerate(groups, 1):
+            for sig in g["symptoms"]:
+                f = camp.findings[sig]
+                row = (str(n), f.signature, "[red]new[/red]", f"{f.first_t:.1f}s", str(f.first_examples),
+                       f"{f.shrink_s:.1f}s" if f.shrunk else "stopped early",
+                       "-" if f.entry_path is None else os.path.basename(str(f.entry_path)))
+                ft.add_row(*(row[i] for i in keep))
         for k in camp.known_summary():
-            row = (k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
+            row = ("-", k["signature"], f"known ({k['examples']} examples)", "-", "-", "-", k["corpus_entry"] or "-")
             ft.add_row(*(row[i] for i in keep))
         console.print(ft)
     unwritten = [f for f in camp.findings.values() if f.entry_path is None and f.entry_note]
@@ -274,6 +278,8 @@ def cmd_run(args) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(campaign_record(camp, spec, target, seconds), fh, indent=1)
+    if groups:
+        console.print("new: " + groups_line(groups), markup=False, soft_wrap=True)
     return exit_status(camp, args.fail_on_known)
 
 

@@ -186,7 +186,8 @@ class CampaignFinding:
     def to_record(self) -> dict:
         return dict(prop=self.prop, signature=self.signature, known=False, case=self.case.to_dict(),
                     launch=self.launch(),
-                    findings=[str(x) for x in self.findings], first_failure_s=self.first_t,
+                    findings=[str(x) for x in self.findings],
+                    launch_signatures=sorted({x.signature() for x in self.findings}), first_failure_s=self.first_t,
                     examples_before=self.first_examples, shrink_s=self.shrink_s, shrunk=self.shrunk,
                     flaky=self.flaky,
                     corpus_entry=None if self.entry_path is None else Path(self.entry_path).name)

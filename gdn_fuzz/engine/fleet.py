@@ -47,6 +47,7 @@ from pathlib import Path
 from gdn_fuzz.arms import ARM_NAMES, parse_arms
 from gdn_fuzz.case import Case
 from gdn_fuzz.prefix_case import load_case
+from gdn_fuzz.findings import group_findings, groups_line
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from gdn_fuzz.engine.worker import WorkerSpec
@@ -479,15 +480,17 @@ class Fleet:
         if any(grace.values()):
             self.console.print("shrinking ran past the budget (--shrink-grace): " + ", ".join(
                 f"{k} {v:.1f}s" for k, v in grace.items() if v), markup=False)
+        groups = group_findings(list(self.findings.values()))
         if self.findings or self.known_hits:
-            ft = Table(title="findings by signature (all workers)")
-            for col in ("signature", "status", "found by", "shrunk", "corpus entry"):
+            ft = Table(title="findings by signature, all workers (bug: symptoms that share a shrunk launch)")
+            for col in ("bug", "signature", "status", "found by", "shrunk", "corpus entry"):
                 ft.add_column(col, overflow="fold")
-            for f in self.findings.values():
-                ft.add_row(f["signature"], "[red]new[/red]", ", ".join(f["found_by"]),
-                           f"{f['shrink_s']:.1f}s" if f.get("shrunk") else "no", f["corpus_entry"] or "-")
+            for n, g in enumerate(groups, 1):
+                for f in g["records"]:
+                    ft.add_row(str(n), f["signature"], "[red]new[/red]", ", ".join(f["found_by"]),
+                               f"{f['shrink_s']:.1f}s" if f.get("shrunk") else "no", f["corpus_entry"] or "-")
             for sig, n in sorted(self.known_hits.items()):
-                ft.add_row(sig, f"known ({n} examples)", "", "-", self.known.get(sig) or "-")
+                ft.add_row("-", sig, f"known ({n} examples)", "", "-", self.known.get(sig) or "-")
             self.console.print(ft)
         for x in self.lost:
             again = x["checked_again"]
@@ -516,10 +519,13 @@ class Fleet:
             rec = dict(self.info, backend=self.backend.name, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        target=self.target_name, totals=tot, failed=failed, interrupted=interrupted,
                        findings=list(self.findings.values()),
+                       groups=[dict(headline=g["headline"], symptoms=g["symptoms"]) for g in groups],
                        known=[dict(signature=k, corpus_entry=self.known.get(k), examples=n, known=True)
                               for k, n in sorted(self.known_hits.items())],
                        lost=self.lost, corpus_writes=self.corpus_writes, workers=ws)
             self.json_path.write_text(json.dumps(rec, indent=1))
+        if groups:
+            self.console.print("new: " + groups_line(groups), markup=False, soft_wrap=True)
         if self.term_at is not None:
             return EXIT_TERMINATED
         if interrupted:

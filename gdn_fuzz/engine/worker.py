@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from gdn_fuzz.case import Case, draws_for
 from gdn_fuzz.prefix_case import load_case
+from gdn_fuzz.findings import group_findings
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import Campaign, CampaignFinding
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
@@ -147,6 +148,8 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 findings=[f.to_record() for f in camp.findings.values()],
+                groups=[dict(headline=g["headline"], symptoms=g["symptoms"])
+                        for g in group_findings([f.to_record() for f in camp.findings.values()])],
                 known=camp.known_summary(), machine_failures=dict(camp.env_failures),
                 unconfirmed=camp.unconfirmed)
 

@@ -1,0 +1,72 @@
+"""Findings grouped by bug (gdn_fuzz.findings.group_findings, issue 33): which signatures are one group, which
+symptom heads it, and what a campaign's summary, JSON record and last line say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gdn_fuzz.findings import group_findings, groups_line, symptom
+
+ONE_ROW = {"arm": "bf16", "T": 4, "rows": [{"slot": 0, "hist_len": 13, "cache_base": 0}], "seed": 1}
+TWO_ROWS = {"arm": "bf16", "T": 4, "rows": [{"slot": 0, "hist_len": 13, "cache_base": 0},
+                                            {"slot": 1, "hist_len": 2, "cache_base": 5}], "seed": 1}
+
+
+def rec(sig, case, shown=None):
+    return dict(signature=sig, case=case, launch_signatures=sorted(set(shown or []) | {sig}))
+
+
+def test_signatures_shown_by_one_shrunk_launch_are_one_group_headed_by_the_most_specific():
+    y, u, fold = ("oracle.y [M4] out of tolerance (flush rows)", "oracle.u [M5] out of tolerance (flush rows)",
+                  "oracle.fold [M7] out of tolerance (flush rows)")
+    recs = [rec(y, dict(TWO_ROWS, seed=2), [y, u, fold]), rec(u, dict(TWO_ROWS, seed=3), [u, fold]),
+            rec(fold, ONE_ROW, [fold])]
+    (g,) = group_findings(recs)
+    assert g["symptoms"] == [fold, u, y]  # fold's launch showed nothing else; then u (one other); then y (two)
+    assert g["headline"] == fold and [r["signature"] for r in g["records"]] == g["symptoms"]
+
+
+def test_unrelated_signatures_stay_apart_and_rows_or_outcome_alone_do_not_link():
+    a = "oracle.y [M4] out of tolerance (flush rows)"
+    b = "oracle.y [M4] out of tolerance (verify rows)"  # the same check on other rows: maybe another bug
+    c = "oracle.y [M4] non-finite (flush rows)"  # another outcome: maybe another bug
+    groups = group_findings([rec(a, dict(ONE_ROW, seed=1)), rec(b, dict(ONE_ROW, seed=2)),
+                             rec(c, dict(ONE_ROW, seed=3))])
+    assert sorted(len(g["symptoms"]) for g in groups) == [1, 1, 1]
+
+
+def test_one_shrunk_case_and_one_check_under_two_properties_link():
+    a, b = "oracle.g [M6] out of tolerance (verify rows)", "writes.outside.g_cache [M8] bits differ"
+    w = "extremes.oracle.g [M6] out of tolerance (verify rows)"
+    groups = group_findings([rec(a, ONE_ROW), rec(b, dict(ONE_ROW)), rec(w, TWO_ROWS)])
+    assert len(groups) == 1 and len(groups[0]["symptoms"]) == 3
+    assert symptom(w) == a and symptom("params_inplace.oracle [N5] out of tolerance") == "oracle [N5] out of tolerance"
+    assert symptom("metamorphic.strided_pool.launch [H*] raised RuntimeError: x").startswith("metamorphic.")
+
+
+def test_the_last_line_counts_bugs_and_symptoms():
+    y, u = "oracle.y [M4] out of tolerance (flush rows)", "oracle.u [M5] out of tolerance (flush rows)"
+    g = "guard.H11 [H11] wrong value"
+    line = groups_line(group_findings([rec(y, TWO_ROWS, [y, u]), rec(u, ONE_ROW), rec(g, ONE_ROW | {"seed": 9})]))
+    assert line.startswith("2 bugs, 3 symptoms")
+    assert f"{u} (+1: {y})" in line and line.endswith(g)
+    assert groups_line([]) == ""
+
+
+def test_a_campaign_on_a_one_edit_mutant_prints_and_records_its_groups(tmp_path):
+    """fold_skipped (M7: flush rows never write the fold) on the CPU: its signatures, one group per linked set, in
+    the JSON record (groups) and the run's last line."""
+    out = tmp_path / "c.json"
+    p = subprocess.run([sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", "mutant:fold_skipped", "--examples",
+                        "60", "--property", "launch", "--arms", "bf16", "--no-corpus", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rec_ = json.loads(out.read_text())
+    sigs = {f["signature"] for f in rec_["findings"]}
+    assert sigs and {s for g in rec_["groups"] for s in g["symptoms"]} == sigs
+    assert all(f["launch_signatures"] and f["signature"] in f["launch_signatures"] for f in rec_["findings"])
+    n = len(rec_["groups"])
+    last = [ln for ln in p.stdout.splitlines() if ln.startswith("new: ")]
+    assert last and last[-1].startswith(f"new: {n} bug{'s' if n != 1 else ''}, {len(sigs)} symptom"), p.stdout[-2000:]
