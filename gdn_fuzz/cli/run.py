@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import threading
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -276,8 +278,10 @@ def cmd_run(args) -> int:
     if camp.interrupted:
         console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
+        rec = campaign_record(camp, spec, target, seconds)
+        rec["command"] = shlex.join(["gdn-fuzz", *sys.argv[1:]])
         with open(args.json, "w") as fh:
-            json.dump(campaign_record(camp, spec, target, seconds), fh, indent=1)
+            json.dump(rec, fh, indent=1)
     if groups:
         console.print("new: " + groups_line(groups), markup=False, soft_wrap=True)
     return exit_status(camp, args.fail_on_known)

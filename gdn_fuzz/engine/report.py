@@ -228,92 +228,152 @@ def _log_or_empty(ax, has_data: bool) -> None:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
-def _plots(recs, out: Path) -> list[str]:
+def measured(recs: list[dict]) -> tuple[dict, Counter]:
+    """Per output, per arm, the measured error / magnitude values of live rows (finite, > 0: a log axis can plot
+    them), and the counts of what was left out: "not measured" (an example without oracle metrics, e.g. a host
+    check), "exact" (error 0) and "non-finite" (the target gave NaN or inf)."""
+    vals = {o: {} for o in OUTPUTS}
+    left = Counter()
+    for r in recs:
+        m = r.get("metrics") or {}
+        if not any(v is not None for vs in m.values() for v in vs):
+            left["not measured"] += 1
+            continue
+        for o in OUTPUTS:
+            for (slot, P, _), v in zip(r["rows"], m.get(o, [])):
+                if v is None or slot < 0:
+                    continue
+                if v != v or v in (float("inf"), float("-inf")):
+                    left["non-finite"] += 1
+                elif v == 0:
+                    left["exact"] += 1
+                else:
+                    vals[o].setdefault(r["arm"], []).append((r["i"], P, v))
+    return vals, left
+
+
+def bounds(arms) -> dict:
+    """(arm, output) -> (rtol, its provenance): the tolerance table (gdn_fuzz.compare.table_for) the checks use."""
+    from gdn_fuzz.compare import table_for
+
+    out = {}
+    for arm in arms:
+        try:
+            t = table_for(arm)
+        except (KeyError, ValueError):
+            continue
+        for o in OUTPUTS:
+            out[arm, o] = (t[o].rtol, t[o].source)
+    return out
+
+
+def _plots(recs, out: Path) -> tuple[list[str], Counter]:
+    """The three figures as PNG files in `out`; what was left out of them (measured())."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made = []
+    vals, left = measured(recs)
     arms = sorted({r["arm"] for r in recs})
-    per_arm = {o: {a: [] for a in arms} for o in OUTPUTS}
-    byP = {o: ([], [], []) for o in ("y", "fold")}
-    over = []
-    for r in recs:
-        m = r.get("metrics") or {}
-        worst = 0.0
-        for o in OUTPUTS:
-            for (slot, P, _), v in zip(r["rows"], m.get(o, [])):
-                if v is None or slot < 0 or v != v or v == float("inf"):
-                    continue
-                per_arm[o][r["arm"]].append(max(v, 1e-12))
-                worst = max(worst, v)
-                if o in byP:
-                    byP[o][0].append(P)
-                    byP[o][1].append(max(v, 1e-12))
-                    byP[o][2].append(arms.index(r["arm"]))
-        over.append((r["i"], max(worst, 1e-12)))
+    tol = bounds(arms)
+    made = []
     fig, axes = plt.subplots(1, len(OUTPUTS), figsize=(4 * len(OUTPUTS), 3.5), sharey=False)
     for ax, o in zip(axes, OUTPUTS):
-        data = [per_arm[o][a] or [float("nan")] for a in arms]
+        data = [[v for _, _, v in vals[o].get(a, [])] or [float("nan")] for a in arms]
         ax.boxplot(data, showfliers=True)
+        for i, a in enumerate(arms, 1):
+            if (a, o) in tol:
+                ax.hlines(tol[a, o][0], i - 0.4, i + 0.4, colors="tab:red", linestyles="dashed", lw=1)
         ax.set_xticks(range(1, len(arms) + 1), arms, rotation=45, ha="right", fontsize=7)
-        _log_or_empty(ax, any(per_arm[o][a] for a in arms))
-        ax.set_title(f"{o}: error / magnitude")
+        _log_or_empty(ax, any(vals[o].get(a) for a in arms))
+        ax.set_title(f"{o}: error / magnitude (red: bound)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "error_by_arm.png", dpi=90)
     plt.close(fig)
     made.append("error_by_arm.png")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    sc = None
     for ax, o in zip(axes, ("y", "fold")):
-        P, v, c = byP[o]
-        sc = ax.scatter(P, v, c=c, s=6, cmap="tab10", vmin=0, vmax=9)
-        _log_or_empty(ax, bool(v))
+        pts = [(P, v, arms.index(a)) for a in arms for _, P, v in vals[o].get(a, [])]
+        if pts:
+            sc = ax.scatter([p[0] for p in pts], [p[1] for p in pts], c=[p[2] for p in pts], s=6, cmap="tab10",
+                            vmin=0, vmax=9)
+        _log_or_empty(ax, bool(pts))
         ax.set_xlabel("hist_len P")
-        ax.set_title(f"{o}: error / magnitude by P (colour = arm)")
-    if arms:
+        ax.set_title(f"{o}: error / magnitude by P (colour = arm)", fontsize=9)
+    if arms and sc is not None:
         handles = [plt.Line2D([], [], marker="o", ls="", color=sc.cmap(sc.norm(i))) for i in range(len(arms))]
         axes[1].legend(handles, arms, fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "error_by_P.png", dpi=90)
     plt.close(fig)
     made.append("error_by_P.png")
+    worst: dict[int, float] = {}
+    for o in OUTPUTS:
+        for a in arms:
+            for i, _, v in vals[o].get(a, []):
+                worst[i] = max(worst.get(i, 0.0), v)
     fig, ax = plt.subplots(figsize=(8, 3))
-    if over:
-        ax.plot([i for i, _ in over], [v for _, v in over], ".", ms=2)
-    ax.set_yscale("log")
+    if worst:
+        ax.plot(list(worst), list(worst.values()), ".", ms=2)
+    _log_or_empty(ax, bool(worst))
     ax.set_xlabel("example")
     ax.set_ylabel("worst error / magnitude")
-    ax.set_title("worst error of each example over the campaign")
+    ax.set_title("worst measured error of each example over the campaign", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "error_over_campaign.png", dpi=90)
     plt.close(fig)
     made.append("error_over_campaign.png")
-    return made
+    return made, left
+
+
+def _left_out(left: Counter) -> str:
+    return ("left out of the plots (a log axis cannot show them): " + ", ".join(
+        f"{n} {k}" + (" example(s)" if k == "not measured" else " row value(s)") for k, n in sorted(left.items()))
+            if left else "nothing left out of the plots")
 
 
 def build(records_path, campaign_json=None, out_dir="report") -> Path:
+    from gdn_fuzz.findings import group_findings
+
     recs = load_records(records_path)  # both inputs read (and checked) before anything is written
     camp = load_campaign(campaign_json) if campaign_json else {}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    finds = camp.get("findings", [])
+    groups = group_findings(finds)
     md = ["# gdn_fuzz campaign report", ""]
     if camp:
         md += [f"- target: `{camp.get('target')}` ({camp.get('path')})", f"- device: {camp.get('device')}",
                f"- arms: {', '.join(camp.get('arms', []))}; T: {camp.get('T')}; seed {camp.get('seed')}",
                f"- examples: {camp.get('examples')}, launches: {camp.get('launches')}, JIT compiles: "
-               f"{camp.get('compiles')}, time: {camp.get('seconds', 0):.1f} s; date {camp.get('date')}", ""]
+               f"{camp.get('compiles')}, time: {camp.get('seconds', 0):.1f} s; date {camp.get('date')}"]
+        if camp.get("command"):
+            md.append(f"- command: `{camp['command']}`")
+        if camp.get("versions"):
+            md.append("- versions: " + ", ".join(f"{k} {v}" for k, v in camp["versions"].items()))
+        md.append("")
     md += [f"{len(recs)} examples recorded.", "", "## Findings", ""]
-    finds = camp.get("findings", [])
     if not finds:
         md.append("None.")
-    for f in finds:
-        md.append(f"- `{f.get('signature', f['prop'])}` (property `{f['prop']}`): " + "; ".join(f["findings"]))
-        if f.get("first_failure_s") is not None:
-            md.append(f"  - first failing example at {f['first_failure_s']:.1f} s after {f['examples_before']} examples; "
-                      + (f"shrunk in {f['shrink_s']:.1f} s" if f.get("shrunk") else "shrinking cut short (budget)")
-                      + (f"; corpus entry `{f['corpus_entry']}`" if f.get("corpus_entry") else ""))
-        md.append(f"  - case: `{json.dumps(f['case'], sort_keys=True)}`")
+    else:
+        n = sum(len(g["symptoms"]) for g in groups)
+        md += [f"{len(groups)} bug(s), {n} symptom(s): symptoms that share a shrunk launch, or one check failing alike "
+               "under two properties, are one bug; the most specific symptom first.", ""]
+    for k, g in enumerate(groups, 1):
+        md.append(f"### Bug {k}: `{g['headline']}`" + (f" (+{len(g['symptoms']) - 1} symptoms)"
+                                                        if len(g["symptoms"]) > 1 else ""))
+        md.append("")
+        for f in g["records"]:
+            md.append(f"- `{f.get('signature', f['prop'])}` (property `{f['prop']}`): " + "; ".join(f["findings"]))
+            if f.get("first_failure_s") is not None:
+                md.append(f"  - first failing example at {f['first_failure_s']:.1f} s after {f['examples_before']} "
+                          "examples; " + (f"shrunk in {f['shrink_s']:.1f} s" if f.get("shrunk") else
+                                          "shrinking cut short (budget)")
+                          + (f"; corpus entry `{f['corpus_entry']}`" if f.get("corpus_entry") else ""))
+            md.append(f"  - case: `{json.dumps(f['case'], sort_keys=True)}`")
+        md.append("")
     known = camp.get("known", [])
     if known:
         md += ["", "## Known bugs seen (open corpus entries of this target: expected, not failing the run)", ""]
@@ -325,50 +385,173 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
         md.append(f"- **{k}**: " + (", ".join(f"{v}: {n}" for v, n in items) or "not reached"))
     md += [""] + menu_tables(recs, camp)
     md += ["Accept sequences are exercised by the stateful machine (tests/test_machine.py), not by",
-           "single-launch campaigns.", "", "## Error against the float64 oracle", ""]
-    worst = {}
-    for r in recs:
-        for o, vals in (r.get("metrics") or {}).items():
-            for v in vals:
-                if v is not None:
-                    worst.setdefault((r["arm"], o), []).append(v)
-    md.append("| arm | " + " | ".join(OUTPUTS) + " |")
-    md.append("|---|" + "---|" * len(OUTPUTS))
-    for arm in sorted({a for a, _ in worst}):
-        md.append(f"| {arm} | " + " | ".join(
-            f"{max(worst[(arm, o)]):.2e}" if (arm, o) in worst else "-" for o in OUTPUTS) + " |")
+           "single-launch campaigns.", "", "## Error against the float64 oracle", "",
+           "Worst error / magnitude over the live rows of every measured example, next to the bound the checks "
+           "allow and where it comes from. " + BOUND_NOTE, ""]
+    worst = error_table(recs)
+    md.append("| arm | output | worst error / magnitude | relative bound | where the bound comes from |")
+    md.append("|---|---|---|---|---|")
+    for arm, o, w, rtol, src in worst:
+        md.append(f"| {arm} | {o} | {w:.2e} | " + (f"{rtol:.2e} | {src}" if rtol else "- | -") + " |")
     md.append("")
-    for png in _plots(recs, out):
+    pngs, left = _plots(recs, out)
+    md.append(_left_out(left) + ".")
+    md.append("")
+    for png in pngs:
         md.append(f"![{png}]({png})")
     text = "\n".join(md) + "\n"
-    (out / "report.md").write_text(text)
-    body, table = [], []
-    for line in text.splitlines() + [""]:
+    _atomic_write(out / "report.md", text)
+    _atomic_write(out / "report.html", page(camp, recs, groups, worst, pngs, left, out))
+    return out / "report.md"
+
+
+BOUND_NOTE = ("A check allows rtol x magnitude + a per-element floor for underflow (gdn_fuzz.compare), so a row of "
+              "tiny magnitude can pass with error / magnitude above the relative bound: the findings are the verdict, "
+              "this table shows how close the measured outputs came.")
+
+
+def error_table(recs: list[dict]) -> list[tuple]:
+    """(arm, output, worst error / magnitude, the bound's rtol or None, its provenance) per measured pair."""
+    vals, _ = measured(recs)
+    tol = bounds(sorted({r["arm"] for r in recs}))
+    rows = []
+    for arm in sorted({a for o in OUTPUTS for a in vals[o]}):
+        for o in OUTPUTS:
+            if vals[o].get(arm):
+                rtol, src = tol.get((arm, o), (None, ""))
+                rows.append((arm, o, max(v for _, _, v in vals[o][arm]), rtol, src))
+    return rows
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#c9d1e0}main{max-width:1180px;margin:0 auto;padding:8px 28px 40px}
+section{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:14px 18px;margin:16px 0}
+h2{font-size:18px;margin:4px 0 10px}h3{font-size:15px;margin:14px 0 6px}
+table{border-collapse:collapse;width:100%;margin:6px 0 10px;font-size:13px}
+th,td{border-bottom:1px solid #e6e9ef;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f2f6;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.zero{color:#b42318;font-weight:600}code,.sig{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px}
+.new{color:#b42318;font-weight:600}.ok{color:#067647;font-weight:600}.warn{color:#b54708}
+.bug{background:#fef3f2}.bug td:first-child{font-weight:700}figure{margin:10px 0}
+figure img{max-width:100%;border:1px solid #e6e9ef;border-radius:4px}figcaption{color:#5b6475;font-size:12.5px}
+details pre{white-space:pre-wrap;background:#f6f7f9;padding:8px;border-radius:4px;font-size:12px}
+dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:0}dl.kv dt{color:#5b6475}dl.kv dd{margin:0}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _table(head: list[str], rows: list[list[str]], attrs: str = "", row_attrs=None) -> str:
+    """An HTML table; cells are HTML already (escape text with _e)."""
+    th = "".join(f"<th>{h}</th>" for h in head)
+    trs = "".join(f"<tr{(row_attrs or (lambda i: ''))(i)}>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>"
+                                                                      for c in r) + "</tr>"
+                  for i, r in enumerate(rows))
+    return f"<table{attrs}><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+
+def _img(path: Path, alt: str) -> str:
+    import base64
+
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def page(camp: dict, recs: list[dict], groups: list[dict], worst: list[tuple], pngs: list[str], left: Counter,
+         out: Path) -> str:
+    """The report as one self-contained HTML page: inline style, the plots as data: URIs, no script."""
+    parts = []
+    title = f"gdn_fuzz campaign report: {camp.get('target', 'records only')}"
+    sub = (f"{camp.get('examples', len(recs))} examples, {camp.get('launches', '?')} launches, "
+           f"{camp.get('seconds', 0):.1f} s on {camp.get('device', '?')}; {camp.get('date', '')}" if camp
+           else f"{len(recs)} examples recorded (no campaign record given)")
+    kv = [("target", f"<code>{_e(camp.get('target'))}</code> ({_e(camp.get('path'))})"),
+          ("device", _e(camp.get("device"))), ("command", f"<code>{_e(camp.get('command', '-'))}</code>"),
+          ("versions", _e(", ".join(f"{k} {v}" for k, v in (camp.get("versions") or {}).items()) or "-")),
+          ("arms, T", _e(f"{', '.join(camp.get('arms', []))}; T {camp.get('T')}")), ("seed", _e(camp.get("seed"))),
+          ("budget", _e(f"{camp.get('budget_s')} s" if camp.get("budget_s") else f"{camp.get('budget_examples')} examples")),
+          ("JIT compiles", _e(camp.get("compiles")))] if camp else []
+    if kv:
+        parts.append("<section id=run><h2>The run</h2><dl class=kv>"
+                     + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in kv) + "</dl></section>")
+    n = sum(len(g["symptoms"]) for g in groups)
+    head = (f"{len(groups)} bug{'s' if len(groups) != 1 else ''}, {n} symptom{'s' if n != 1 else ''}" if groups
+            else "no new findings")
+    rows, marks = [], []
+    for k, g in enumerate(groups, 1):
+        for j, f in enumerate(g["records"]):
+            rows.append([str(k) if j == 0 else "", f"<span class=sig>{_e(f['signature'])}</span>", _e(f["prop"]),
+                         f"<td class=num>{f['first_failure_s']:.1f} s</td>" if f.get("first_failure_s") is not None
+                         else "-", "yes" if f.get("shrunk") else "<span class=warn>cut short</span>",
+                         _e(f.get("corpus_entry") or "-"),
+                         f"<details><summary>case</summary><pre>{_e(json.dumps(f['case'], sort_keys=True))}</pre>"
+                         f"<pre>{_e(chr(10).join(f['findings']))}</pre></details>"])
+            marks.append(j == 0)
+    body = (_table(["bug", "signature", "property", "first at", "shrunk", "corpus entry", "details"], rows,
+                   " id=findings", lambda i: " class=bug" if marks[i] else "")
+            + "<p>Symptoms that share a shrunk launch, or one check failing alike under two properties, are one "
+              "bug; the most specific symptom (its shrunk launch shows the fewest others) heads it.</p>"
+            if groups else "<p class=ok>None: no check failed outside the known bugs.</p>")
+    parts.append(f"<section id=findings-section><h2>Findings: {head}</h2>{body}</section>")
+    known = camp.get("known", [])
+    if known:
+        parts.append("<section id=known><h2>Known bugs seen (expected: open corpus entries of this target)</h2>"
+                     + _table(["signature", "examples", "corpus entry"],
+                              [[f"<span class=sig>{_e(k['signature'])}</span>", f"<td class=num>{k['examples']}</td>",
+                                _e(k["corpus_entry"])] for k in known]) + "</section>")
+    erows = [[_e(a), _e(o), f"<td class=num>{w:.2e}</td>", f"<td class=num>{r:.2e}</td>" if r else "-", _e(src)]
+             for a, o, w, r, src in worst]
+    parts.append("<section id=errors><h2>Error against the float64 oracle</h2><p>The worst error / magnitude over "
+                 f"the live rows of the measured examples, next to the bound the checks allow and where it comes from. "
+                 f"{_e(BOUND_NOTE)}</p>"
+                 + (_table(["arm", "output", "worst error / magnitude", "relative bound", "where the bound comes from"],
+                           erows) if erows else "<p>No measured example.</p>") + "</section>")
+    props = camp.get("per_property") or {}
+    cov = coverage(recs)
+    prow = [[_e(p), f"<td class=num>{v.get('examples', 0)}</td>", f"<td class=num>{v.get('seconds', 0):.1f}</td>",
+             f"<td class=num>{cov['property'].get(p, 0)}</td>"] for p, v in props.items()]
+    ptab = (_table(["property", "examples", "seconds", "examples recorded"], prow) if prow else "")
+    menus = menu_tables(recs, camp)
+    mparts, table = [], []
+    for line in menus + [""]:
         if line.startswith("|"):
             table.append(line)
             continue
         if table:
-            body.append(_html_table(table))
+            mparts.append(_md_table(table))
             table = []
-        if line.startswith("!["):
-            src = line[line.index("(") + 1:-1]
-            body.append(f'<img src="{html.escape(src)}" style="max-width:100%">')
-        elif line.startswith("#"):
-            n = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{n}>{html.escape(line[n:].strip())}</h{n}>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    (out / "report.html").write_text("<!doctype html><meta charset=utf-8><title>gdn_fuzz report</title>\n"
-                                     + "\n".join(body) + "\n")
-    return out / "report.md"
+        if line.startswith("### "):
+            mparts.append(f"<h3>{_e(line[4:])}</h3>")
+        elif line.startswith("- **not explored**"):
+            mparts.append(f"<p><b>not explored</b>{_e(line.split('**', 2)[2])}</p>")
+    parts.append("<section id=coverage><h2>Coverage</h2><h3>Per property</h3>" + ptab + "<h3>Rows and windows</h3>"
+                 + _table(["what", "values reached (examples or rows)"],
+                          [[_e(k), _e(", ".join(f"{v}: {c}" for v, c in sorted(cnt.items(), key=lambda kv: str(kv[0])))
+                                      or "not reached")] for k, cnt in cov.items() if k != "property"])
+                 + "".join(mparts) + "</section>")
+    figs = "".join(f"<figure>{_img(out / p, p)}<figcaption>{_e(p)}</figcaption></figure>" for p in pngs)
+    parts.append(f"<section id=plots><h2>Plots</h2><p>{_e(_left_out(left))}.</p>{figs}</section>")
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body><header><h1>{_e(title)}</h1><p>{_e(sub)}</p>"
+            "</header><main>" + "".join(parts) + "</main></body></html>\n")
 
 
-def _html_table(lines: list[str]) -> str:
-    """A Markdown table (header, |---| rule, rows) as an HTML table."""
+def _md_table(lines: list[str]) -> str:
+    """A Markdown table (header, |---| rule, rows) as an HTML table; a **0** cell is marked."""
     def cells(line):
         return [c.strip() for c in line.strip().strip("|").split("|")]
 
     head, rows = cells(lines[0]), [cells(x) for x in lines[2:]]
-    th = "".join(f"<th>{html.escape(c)}</th>" for c in head)
-    tr = "".join("<tr>" + "".join(f"<td>{html.escape(c.replace('**', ''))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table border=1 cellspacing=0 cellpadding=3><tr>{th}</tr>{tr}</table>"
+    return _table([_e(c) for c in head], [[("<td class=zero>0</td>" if c == "**0**" else
+                                           f"<td class=num>{_e(c)}</td>" if c.isdigit() else _e(c)) for c in r]
+                                         for r in rows])

@@ -147,11 +147,23 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 worker_startups=camp.worker_startups(), confirmations=camp.confirmations(),
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                versions=run_versions(),
                 findings=[f.to_record() for f in camp.findings.values()],
                 groups=[dict(headline=g["headline"], symptoms=g["symptoms"])
                         for g in group_findings([f.to_record() for f in camp.findings.values()])],
                 known=camp.known_summary(), machine_failures=dict(camp.env_failures),
                 unconfirmed=camp.unconfirmed)
+
+
+def run_versions() -> dict:
+    """The versions a campaign ran with (installed distributions' metadata and the interpreter's)."""
+    import platform
+
+    from gdn_fuzz.environment import dist_version
+
+    return {"python": platform.python_version(),
+            **{d: dist_version(d) for d in ("gdn-fuzz", "torch", "hypothesis", "flashinfer-python", "nvidia-cutlass-dsl",
+                                            "triton")}}
 
 
 def exit_status(camp: Campaign, fail_on_known: bool) -> int:
