@@ -254,14 +254,20 @@ def symptom(signature: str) -> str:
     return _WRAPPED.sub("", signature)
 
 
+def check_clause(signature: str) -> str:
+    """symptom()'s check id and clause: "oracle.u [M5]" of "extremes.oracle.u [M5] non-finite (flush rows)"."""
+    sym = symptom(signature)
+    return sym[:sym.index("]") + 1] if "]" in sym else sym
+
+
 def group_findings(records: list[dict]) -> list[dict]:
     """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
     showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
-    are the same case, or when they are the same check failing the same way on launches of two properties
-    (symptom(): the same check id, clause, outcome and rows).  The groups are the connected components of those
-    links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal launch: one group,
-    three symptoms).  Signatures that differ in the rows they fail on (flush, verify) or in the outcome (out of
-    tolerance, non-finite) are linked only through a shared launch: they may be two bugs.
+    are the same case, or when they are one check of one clause (symptom()'s check id and clause: on launches of
+    two properties, on flush and on verify rows, out of tolerance and non-finite).  The groups are the connected
+    components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
+    launch: one group, three symptoms; oracle.u [M5] on flush rows and on verify rows: one group).  The last link
+    can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.
 
     records: CampaignFinding.to_record() dicts (signature, case, launch_signatures; a record without
     launch_signatures links only through its case).  Returns one dict per group, largest first: `symptoms`, the
@@ -285,7 +291,7 @@ def group_findings(records: list[dict]) -> list[dict]:
     by_case: dict[str, str] = {}
     by_symptom: dict[str, str] = {}
     for s, r in recs.items():
-        sym = symptom(s)
+        sym = check_clause(s)
         if sym in by_symptom:
             link(s, by_symptom[sym])
         else:
@@ -324,5 +330,5 @@ def groups_line(groups: list[dict]) -> str:
         more = g["symptoms"][1:]
         parts.append(g["headline"] + (f" (+{len(more)}: {'; '.join(more)})" if more else ""))
     head = (f"{len(groups)} bug{'s' if len(groups) != 1 else ''}, {n} symptom{'s' if n != 1 else ''} "
-            "(symptoms that share a shrunk launch, or one check failing alike under two properties, are one bug)")
+            "(symptoms that share a shrunk launch, or of one check and clause, are one bug)")
     return head + ": " + " | ".join(parts)

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from gdn_fuzz.findings import group_findings, groups_line, symptom
+from gdn_fuzz.findings import check_clause, group_findings, groups_line, symptom
 
 ONE_ROW = {"arm": "bf16", "T": 4, "rows": [{"slot": 0, "hist_len": 13, "cache_base": 0}], "seed": 1}
 TWO_ROWS = {"arm": "bf16", "T": 4, "rows": [{"slot": 0, "hist_len": 13, "cache_base": 0},
@@ -28,13 +28,16 @@ def test_signatures_shown_by_one_shrunk_launch_are_one_group_headed_by_the_most_
     assert g["headline"] == fold and [r["signature"] for r in g["records"]] == g["symptoms"]
 
 
-def test_unrelated_signatures_stay_apart_and_rows_or_outcome_alone_do_not_link():
+def test_unrelated_signatures_stay_apart_and_one_check_on_other_rows_or_failing_otherwise_links():
     a = "oracle.y [M4] out of tolerance (flush rows)"
-    b = "oracle.y [M4] out of tolerance (verify rows)"  # the same check on other rows: maybe another bug
-    c = "oracle.y [M4] non-finite (flush rows)"  # another outcome: maybe another bug
-    groups = group_findings([rec(a, dict(ONE_ROW, seed=1)), rec(b, dict(ONE_ROW, seed=2)),
-                             rec(c, dict(ONE_ROW, seed=3))])
-    assert sorted(len(g["symptoms"]) for g in groups) == [1, 1, 1]
+    b = "oracle.y [M4] out of tolerance (verify rows)"  # the same check on other rows
+    c = "oracle.y [M4] non-finite (flush rows)"  # the same check failing otherwise
+    d = "oracle.u [M5] out of tolerance (flush rows)"  # another check, no shared launch or case
+    e = "metamorphic.strided_pool.launch [H*] raised RuntimeError: x"
+    f = "metamorphic.strided_ab.launch [H*] raised RuntimeError: x"  # another check id: apart
+    groups = group_findings([rec(x, dict(ONE_ROW, seed=i)) for i, x in enumerate((a, b, c, d, e, f))])
+    assert sorted(sorted(g["symptoms"]) for g in groups) == sorted([sorted([a, b, c]), [d], [e], [f]])
+    assert check_clause("extremes.oracle.u [M5] non-finite (flush rows)") == "oracle.u [M5]"
 
 
 def test_one_shrunk_case_and_one_check_under_two_properties_link():
@@ -68,5 +71,5 @@ def test_a_campaign_on_a_one_edit_mutant_prints_and_records_its_groups(tmp_path)
     assert sigs and {s for g in rec_["groups"] for s in g["symptoms"]} == sigs
     assert all(f["launch_signatures"] and f["signature"] in f["launch_signatures"] for f in rec_["findings"])
     n = len(rec_["groups"])
-    last = [ln for ln in p.stdout.splitlines() if ln.startswith("new: ")]
+    last = [ln for ln in p.stdout.splitlines() if ln.startswith("new: ")]  # the line, wrapped to the width
     assert last and last[-1].startswith(f"new: {n} bug{'s' if n != 1 else ''}, {len(sigs)} symptom"), p.stdout[-2000:]

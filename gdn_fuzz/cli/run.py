@@ -283,7 +283,7 @@ def cmd_run(args) -> int:
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)
     if groups:
-        console.print("new: " + groups_line(groups), markup=False, soft_wrap=True)
+        console.print("new: " + groups_line(groups), markup=False)  # wrapped to the console width
     return exit_status(camp, args.fail_on_known)
 
 

@@ -525,7 +525,7 @@ class Fleet:
                        lost=self.lost, corpus_writes=self.corpus_writes, workers=ws)
             self.json_path.write_text(json.dumps(rec, indent=1))
         if groups:
-            self.console.print("new: " + groups_line(groups), markup=False, soft_wrap=True)
+            self.console.print("new: " + groups_line(groups), markup=False)  # wrapped to the console width
         if self.term_at is not None:
             return EXIT_TERMINATED
         if interrupted:

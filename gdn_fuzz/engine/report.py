@@ -359,8 +359,9 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
         md.append("None.")
     else:
         n = sum(len(g["symptoms"]) for g in groups)
-        md += [f"{len(groups)} bug(s), {n} symptom(s): symptoms that share a shrunk launch, or one check failing alike "
-               "under two properties, are one bug; the most specific symptom first.", ""]
+        md += [f"{len(groups)} bug(s), {n} symptom(s): symptoms that share a shrunk launch, or of one check and clause "
+               "(on other rows, under another property, failing otherwise), are one bug; the most specific symptom "
+               "first.", ""]
     for k, g in enumerate(groups, 1):
         md.append(f"### Bug {k}: `{g['headline']}`" + (f" (+{len(g['symptoms']) - 1} symptoms)"
                                                         if len(g["symptoms"]) > 1 else ""))
@@ -499,8 +500,8 @@ def page(camp: dict, recs: list[dict], groups: list[dict], worst: list[tuple], p
             marks.append(j == 0)
     body = (_table(["bug", "signature", "property", "first at", "shrunk", "corpus entry", "details"], rows,
                    " id=findings", lambda i: " class=bug" if marks[i] else "")
-            + "<p>Symptoms that share a shrunk launch, or one check failing alike under two properties, are one "
-              "bug; the most specific symptom (its shrunk launch shows the fewest others) heads it.</p>"
+            + "<p>Symptoms that share a shrunk launch, or of one check and clause (on other rows, under another "
+              "property, failing otherwise), are one bug; the most specific symptom (its shrunk launch shows the fewest others) heads it.</p>"
             if groups else "<p class=ok>None: no check failed outside the known bugs.</p>")
     parts.append(f"<section id=findings-section><h2>Findings: {head}</h2>{body}</section>")
     known = camp.get("known", [])

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gdn_fuzz.findings import group_findings
 from gdn_fuzz.studies.mutation_score import mutants_of
 
 
@@ -33,8 +34,11 @@ def run_one(name: str, seconds: float, extra: list[str]) -> dict:
         if not out.exists():
             return dict(name=name, exit=p.returncode, wall_s=wall, error=(p.stderr or p.stdout)[-2000:])
         rec = json.loads(out.read_text())
-    sigs = [f["signature"] for f in rec.get("findings", [])]
-    return dict(name=name, exit=p.returncode, wall_s=round(wall, 1), signatures=sigs, groups=rec.get("groups", []))
+    finds = [dict(signature=f["signature"], case=f["case"], launch_signatures=f.get("launch_signatures"))
+             for f in rec.get("findings", [])]
+    groups = [dict(headline=g["headline"], symptoms=g["symptoms"]) for g in group_findings(finds)]
+    return dict(name=name, exit=p.returncode, wall_s=round(wall, 1), signatures=[f["signature"] for f in finds],
+                groups=groups, findings=finds)
 
 
 def main(argv=None) -> int:
