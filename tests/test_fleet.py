@@ -100,6 +100,28 @@ def _fleet(backend, specs, tmp_path, **kw):
                  **kw)
 
 
+def test_the_workers_tables_fit_80_columns(tmp_path):
+    """Issue 33: at 80 columns the workers' table keeps worker, where, examples, findings, time and exit (the JSON
+    record keeps the rest) and no line is wider than the console; the findings table folds its cells."""
+    shrunk = _case(seed=1)
+
+    def script(spec):
+        if spec.label == "w0":
+            return [_hello(spec), _first(shrunk), _found(shrunk), _done(spec, [dict(signature=SIG)], 1)]
+        return [_hello(spec), _done(spec)]
+
+    out = tmp_path / "narrow.txt"
+    fleet = Fleet(Scripted(script), _specs(), target_name="reference", corpus_dir=tmp_path / "corpus",
+                  console=Console(file=open(out, "w"), width=80), json_path=tmp_path / "run.json")
+    assert fleet.run() == 1
+    fleet.console.file.close()
+    text = out.read_text()
+    assert max(len(ln) for ln in text.splitlines()) <= 80, max(text.splitlines(), key=len)
+    table = text[text.index("campaign workers"):text.index("findings by signature")]
+    assert "…" not in table and "here" in table and "launches" not in table
+    assert "new: 1 bug, 1 symptom" in text
+
+
 def test_a_shrunk_case_replaces_a_lost_workers_unshrunk_one(tmp_path):
     unshrunk, shrunk = _case(seed=99, P=14), _case(seed=1)
 

@@ -16,7 +16,7 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S
-from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, plan
+from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, NARROW_COLUMNS, plan
 from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.raycluster import run_on_ray
@@ -287,7 +287,7 @@ def cmd_run(args) -> int:
     return exit_status(camp, args.fail_on_known)
 
 
-NARROW_COLUMNS = 120  # below this console width the summary is one row per field and the findings lose 2 columns
+# below NARROW_COLUMNS (engine.fleet's) the summary is one row per field and the findings lose 2 columns
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often when the output is not a terminal
 
 

@@ -54,6 +54,8 @@ from gdn_fuzz.engine.worker import WorkerSpec
 from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.targets import kernel_of
 
+NARROW_COLUMNS = 120  # as gdn_fuzz.cli.run's: below this width the workers' table drops four columns
+
 TERM_GRACE_S = 10.0  # after SIGTERM, seconds the workers have before they are killed
 STATUS_EVERY_S = 10.0  # a status line this often when the console is not a terminal
 DEFAULT_RESTARTS = 3  # restarts of one lost worker slot
@@ -462,19 +464,23 @@ class Fleet:
         tot = self.totals()
         failed = [s.label for s in self.slots.values() if s.state in ("failed", "lost")]
         t = Table(title=f"gdn-fuzz: {len(self.slots)} campaign workers ({self.backend.name})")
-        for col in ("worker", "where", "attempt", "examples", "launches", "JIT compiles", "findings", "time",
-                    "examples/s", "exit"):
-            t.add_column(col)
+        cols = ("worker", "where", "attempt", "examples", "launches", "JIT compiles", "findings", "time",
+                "examples/s", "exit")
+        # below NARROW_COLUMNS (an 80-column terminal) the attempt, launches, compiles and rate go (the JSON keeps them)
+        keep = (0, 1, 3, 6, 7, 9) if self.console.width < NARROW_COLUMNS else range(len(cols))
+        for i in keep:
+            t.add_column(cols[i], overflow="fold")
         for w in ws:
             where = w.get("host") or ""
             if w.get("cuda_visible_devices") is not None:
                 where += f" GPU {w['cuda_visible_devices']}"
-            t.add_row(w["worker"], where.strip(), str(w["attempt"]), str(w["examples"]), str(w["launches"]),
-                      str(w["compiles"]), str(len(w["findings"])), f"{w['seconds']:.1f}s",
-                      f"{w['examples'] / max(w['seconds'], 1e-9):.1f}",
-                      "lost" if w.get("lost") else str(w["exit"]))
-        t.add_row("total", "", "", str(tot["examples"]), str(tot["launches"]), str(tot["compiles"]),
-                  str(tot["findings"]), f"{tot['wall_seconds']:.1f}s (wall)", f"{tot['examples_per_s']:.1f}", "")
+            row = (w["worker"], where.strip(), str(w["attempt"]), str(w["examples"]), str(w["launches"]),
+                   str(w["compiles"]), str(len(w["findings"])), f"{w['seconds']:.1f}s",
+                   f"{w['examples'] / max(w['seconds'], 1e-9):.1f}", "lost" if w.get("lost") else str(w["exit"]))
+            t.add_row(*(row[i] for i in keep))
+        row = ("total", "", "", str(tot["examples"]), str(tot["launches"]), str(tot["compiles"]), str(tot["findings"]),
+               f"{tot['wall_seconds']:.1f}s (wall)", f"{tot['examples_per_s']:.1f}", "")
+        t.add_row(*(row[i] for i in keep))
         self.console.print(t)
         grace = {w["worker"]: w.get("grace_used_s") or 0.0 for w in ws}
         if any(grace.values()):
@@ -484,7 +490,7 @@ class Fleet:
         if self.findings or self.known_hits:
             ft = Table(title="findings by signature, all workers (bug: symptoms that share a shrunk launch)")
             for col in ("bug", "signature", "status", "found by", "shrunk", "corpus entry"):
-                ft.add_column(col, overflow="fold")
+                ft.add_column(col, overflow="fold")  # every cell folds: 80 columns hold the six
             for n, g in enumerate(groups, 1):
                 for f in g["records"]:
                     ft.add_row(str(n), f["signature"], "[red]new[/red]", ", ".join(f["found_by"]),
