@@ -254,8 +254,17 @@ def symptom(signature: str) -> str:
     return _WRAPPED.sub("", signature)
 
 
+_RAISED = re.compile(r"\[H\*\] (raised .+)$")
+
+
 def check_clause(signature: str) -> str:
-    """symptom()'s check id and clause: "oracle.u [M5]" of "extremes.oracle.u [M5] non-finite (flush rows)"."""
+    """What links signatures of one bug: symptom()'s check id and clause ("oracle.u [M5]" of "extremes.oracle.u [M5]
+    non-finite (flush rows)"), or, for a legal launch that raised (clause H*), the exception and its normalized
+    message, whichever property's launch it was ("launch [H*] raised IndexError: index # is out of bounds ..." and
+    "determinism.launch [H*] raised IndexError: index # is out of bounds ...")."""
+    m = _RAISED.search(signature)
+    if m:
+        return m.group(1)
     sym = symptom(signature)
     return sym[:sym.index("]") + 1] if "]" in sym else sym
 
@@ -263,8 +272,9 @@ def check_clause(signature: str) -> str:
 def group_findings(records: list[dict]) -> list[dict]:
     """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
     showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
-    are the same case, or when they are one check of one clause (symptom()'s check id and clause: on launches of
-    two properties, on flush and on verify rows, out of tolerance and non-finite).  The groups are the connected
+    are the same case, or when they are one check of one clause (check_clause(): on launches of two properties, on
+    flush and on verify rows, out of tolerance and non-finite; a legal launch that raised one exception, under any
+    property).  The groups are the connected
     components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
     launch: one group, three symptoms; oracle.u [M5] on flush rows and on verify rows: one group).  The last link
     can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.

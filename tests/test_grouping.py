@@ -34,10 +34,18 @@ def test_unrelated_signatures_stay_apart_and_one_check_on_other_rows_or_failing_
     c = "oracle.y [M4] non-finite (flush rows)"  # the same check failing otherwise
     d = "oracle.u [M5] out of tolerance (flush rows)"  # another check, no shared launch or case
     e = "metamorphic.strided_pool.launch [H*] raised RuntimeError: x"
-    f = "metamorphic.strided_ab.launch [H*] raised RuntimeError: x"  # another check id: apart
+    f = "metamorphic.strided_ab.launch [H*] raised RuntimeError: y"  # another exception: apart
     groups = group_findings([rec(x, dict(ONE_ROW, seed=i)) for i, x in enumerate((a, b, c, d, e, f))])
     assert sorted(sorted(g["symptoms"]) for g in groups) == sorted([sorted([a, b, c]), [d], [e], [f]])
     assert check_clause("extremes.oracle.u [M5] non-finite (flush rows)") == "oracle.u [M5]"
+
+
+def test_one_exception_of_a_legal_launch_under_several_properties_is_one_bug():
+    msg = "raised IndexError: index # is out of bounds for dimension # with size #"
+    sigs = [f"launch [H*] {msg}", f"determinism.launch [H*] {msg}", f"metamorphic.rotation.launch [H*] {msg}"]
+    other = "launch [H*] raised RuntimeError: The stride_order is not consistent with the layout"
+    groups = group_findings([rec(x, dict(ONE_ROW, seed=i)) for i, x in enumerate([*sigs, other])])
+    assert sorted(sorted(g["symptoms"]) for g in groups) == sorted([sorted(sigs), [other]])
 
 
 def test_one_shrunk_case_and_one_check_under_two_properties_link():

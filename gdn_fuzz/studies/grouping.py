@@ -6,6 +6,7 @@ in its own process (crash mutants kill theirs), with every property.  A mutant i
 campaign's new signatures are what a reader saw before grouping, its groups what they see now.
 
     python -m gdn_fuzz.studies.grouping --seconds 15 --json docs/grouping-cpu.json
+    python -m gdn_fuzz.studies.grouping --regroup docs/grouping-cpu.json --json regrouped.json   # a new rule, same runs
 """
 
 from __future__ import annotations
@@ -47,12 +48,24 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--only", nargs="+", help="these mutants only")
     ap.add_argument("--json")
+    ap.add_argument("--regroup", metavar="JSON", help="group the findings of an earlier run of this study (its "
+                    "--json) by this tree's rule, without running the campaigns again")
     ap.add_argument("extra", nargs="*", help="more `gdn-fuzz run` options (after --)")
     args = ap.parse_args(argv)
     names = args.only or mutants_of(args.base)
+    earlier = {}
+    if args.regroup:
+        old = json.loads(Path(args.regroup).read_text())
+        args.seconds, args.base = old["seconds"], old["base"]
+        earlier = {r["name"]: r for r in old["results"]}
+        names = list(earlier)
     rows = []
     for name in names:
-        r = run_one(name, args.seconds, args.extra)
+        if name in earlier:
+            r = dict(earlier[name], groups=[dict(headline=g["headline"], symptoms=g["symptoms"])
+                                            for g in group_findings(earlier[name].get("findings", []))])
+        else:
+            r = run_one(name, args.seconds, args.extra)
         rows.append(r)
         n_s, n_g = len(r.get("signatures", [])), len(r.get("groups", []))
         print(f"{name:32s} exit {r['exit']}  signatures {n_s:3d}  groups {n_g:3d}"
