@@ -24,3 +24,45 @@ def dist_version(dist: str, missing: str | None = "not installed") -> str | None
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return missing
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, all) jiffies of every core since boot, from /proc/stat (None off Linux)."""
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = f[3] + (f[4] if len(f) > 4 else 0)  # idle + iowait
+    return sum(f[:8]) - idle, sum(f[:8])
+
+
+def free_cores(window_s: float = 0.3) -> tuple[int, float] | None:
+    """(the cores this process may run on, how many of them other processes kept busy over `window_s`), read from
+    /proc/stat twice, less this process's own CPU time; None where /proc/stat is not there."""
+    import time
+
+    a, t0, own0 = _cpu_jiffies(), time.monotonic(), os.times()
+    if a is None:
+        return None
+    time.sleep(window_s)
+    b, t1, own1 = _cpu_jiffies(), time.monotonic(), os.times()
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = (b[0] - a[0]) / hz - ((own1.user - own0.user) + (own1.system - own0.system))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    total_cores = os.cpu_count() or cores
+    busy_cores = max(0.0, busy / max(t1 - t0, 1e-3)) * cores / total_cores  # others' share on our cores
+    return cores, busy_cores
+
+
+def default_torch_threads(measure=free_cores) -> tuple[int, str] | None:
+    """torch's intra-op threads for a campaign process that is alone on its cores: the cores other processes leave
+    free (rounded, at least 1), with the reason.  Measured on a 2-core CPU machine (docs/robustness.md, 3 runs each):
+    idle, 2 threads checked 1.5x the examples of 1; with one core kept busy by another process, 1 thread checked 1.6x
+    the examples of 2 (torch's default, every core).  None where the cores cannot be read (torch's default then)."""
+    got = measure()
+    if got is None:
+        return None
+    cores, busy = got
+    n = max(1, min(cores, int(cores - busy + 0.5)))
+    return n, f"{cores} cores, {busy:.1f} kept busy by other processes"

@@ -796,3 +796,29 @@ def test_torch_threads_reach_the_isolated_worker(tmp_path):
     finally:
         w.close()
     assert any(f"threads={threads}" in f.message for f in found), [str(f) for f in found]
+
+
+def test_default_torch_threads_are_the_cores_other_processes_leave_free():
+    """Issue 33: on a CPU a lone campaign process takes the cores that other processes leave free (at least 1), as
+    measured at its start (docs/robustness.md: 2 threads 1.5x faster than 1 on an idle 2-core machine, 1 thread 1.6x
+    faster than 2 with one core busy)."""
+    from gdn_fuzz.environment import default_torch_threads, free_cores
+
+    assert default_torch_threads(lambda: (2, 0.1))[0] == 2
+    assert default_torch_threads(lambda: (2, 1.0))[0] == 1
+    assert default_torch_threads(lambda: (2, 2.0))[0] == 1  # never 0
+    assert default_torch_threads(lambda: (16, 3.4))[0] == 13
+    assert default_torch_threads(lambda: None) is None
+    got = free_cores(0.2)
+    if got is None:
+        pytest.skip("no /proc/stat here: the default is torch's own")
+    cores, before = got
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.5)
+        _, busy = free_cores(0.5)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert busy >= cores - 0.5, (cores, before, busy)  # every core busy with the hogs: measured as busy

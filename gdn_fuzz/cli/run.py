@@ -22,6 +22,7 @@ from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpu
 from gdn_fuzz.engine.raycluster import run_on_ray
 from gdn_fuzz.engine.reproducer import explain
 from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
+from gdn_fuzz.environment import default_torch_threads
 from gdn_fuzz.findings import group_findings, groups_line
 from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.strategies import POOL_SCALES
@@ -126,6 +127,13 @@ def cmd_run(args) -> int:
     if corpus_dir is not None:
         corpus.clean_stale_temps(corpus_dir)
     known = {} if corpus_dir is None else corpus.known_signatures(target.name, corpus_dir)
+    if args.torch_threads is None and str(device).split(":")[0] == "cpu":
+        # one campaign process on a CPU: torch's threads on the cores other processes leave free (measured:
+        # environment.default_torch_threads); --torch-threads or $GDN_FUZZ_TORCH_THREADS sets them
+        got = default_torch_threads()
+        if got is not None:
+            args.torch_threads = got[0]
+            console.print(f"torch threads: {got[0]} ({got[1]}; --torch-threads N to set)", markup=False)
     spec = plan(args, target_name=target.name, device=device, labels=["main"], known=known)[0]  # one worker: all
     camp, pool_note = make_campaign(spec, target, corpus_dir=corpus_dir, record=args.record)
     props = camp.properties
@@ -339,8 +347,9 @@ def add_parser(sub) -> None:
     r.add_argument("--torch-threads", type=int, default=int(os.environ["GDN_FUZZ_TORCH_THREADS"])
                    if os.environ.get("GDN_FUZZ_TORCH_THREADS") else None,
                    help="torch intra-op threads of the process that runs the checks (the isolated worker, or this "
-                        "process with --no-isolate); default $GDN_FUZZ_TORCH_THREADS, else torch's own (every core). "
-                        "Several campaigns on one machine: give each cores / campaigns")
+                        "process with --no-isolate); default $GDN_FUZZ_TORCH_THREADS, else on a CPU device the cores "
+                        "that other processes leave free (measured at the start; at least 1), on a GPU torch's own. "
+                        "Several campaign processes (--processes) get cores / processes each")
     r.add_argument("--seeds-per-example", type=int, default=os.environ.get("GDN_FUZZ_SEEDS_PER_EXAMPLE") or 1,
                    help="value seeds checked per drawn structure (the drawn seed, then seeds derived from it; each one "
                         "checked launch; a failing one is shrunk and stored with its own seed); default "
