@@ -224,3 +224,71 @@ def test_second_process_reads_the_kernel_and_writes_the_same_bits(tmp_path):
     assert second["compiles"] == 0 and second["loads"] == first["compiles"]
     assert second["bits"] == first["bits"]
     assert list((tmp_path / "store").glob("*.o"))
+
+
+RACER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import cutlass.cute.runtime as rt
+    from gdn_fuzz.targets import kernel_store as ks
+
+    class FakeCompiled:
+        def __init__(self, payload):
+            self.payload = payload
+        def dump_to_object(self, prefix):
+            return prefix.encode() + b"|" + self.payload
+
+    class FakeModule:
+        def __init__(self, path):
+            prefix, _, payload = Path(path).read_bytes().partition(b"|")
+            self.prefix, self.payload = prefix.decode(), payload
+        def __getattr__(self, name):
+            if name != self.prefix:
+                raise AttributeError(name)
+            return FakeCompiled(self.payload)
+
+    rt.load_module = lambda path, **kw: FakeModule(path)
+    folder, ident, go = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    store = ks.KernelStore(Path(folder), ident)
+    while time.time() < go:  # both processes miss at the same moment
+        time.sleep(0.001)
+    key = ("ucache-flush-v2", 4, 64)
+    if key not in store:  # the wrapper's own pattern
+        time.sleep(1.0)  # the compile
+        store[key] = FakeCompiled(b"cubin-" + str(sys.argv[4]).encode())
+    print(json.dumps(dict(compiled=store.compiled, loaded=store.loaded, waited=store.waited_s,
+                          payload=store[key].payload.decode())))
+""")
+
+
+def test_processes_that_miss_one_kernel_at_once_compile_it_once(tmp_path):
+    """Issue 32: two processes miss the same kernel on an empty store at the same moment; one compiles it (holding
+    the kernel's lock), the other waits for that lock and reads what the first stored: one compile, not two."""
+    import time
+
+    ident = ks.identity(kernel_file(tmp_path), "bf16")
+    go = time.time() + 2.0
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "store"), ident, str(go), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted((o["compiled"], o["loaded"]) for o in outs) == [(0, 1), (1, 0)], outs
+    waiter = next(o for o in outs if o["loaded"])
+    assert waiter["waited"] > 0.5  # it waited for the other's 1 s compile
+    assert outs[0]["payload"] == outs[1]["payload"]  # the same kernel in both
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_kernel_that_never_compiled_releases_its_lock(tmp_path, fake_loader):
+    """A compile that raised leaves no lock held for long: the next miss (another kernel) releases it, so another
+    process does not wait for a kernel that will never be stored."""
+    ident = ks.identity(kernel_file(tmp_path), "bf16")
+    store = ks.KernelStore(tmp_path / "store", ident)
+    assert ("k", 1) not in store and ("k", 1) in store._held  # this process compiles it, holding its lock
+    assert ("k", 2) not in store  # the compile of ("k", 1) raised; the wrapper goes on to another kernel
+    assert ("k", 1) not in store._held and ("k", 2) in store._held
+    store[("k", 2)] = FakeCompiled(b"two")
+    assert store._held == {}

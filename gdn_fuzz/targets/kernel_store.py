@@ -22,6 +22,13 @@ arch and device index, T bucket, flags, H, HV, V), hashed into the file name.  H
 wrapper imports are covered only through the flashinfer version: whoever edits FlashInfer in
 place must clear the store (or set GDN_FUZZ_KERNEL_STORE=off).
 
+One compile per kernel across processes: a process that misses a kernel on disk takes an exclusive lock on
+the kernel's `.lock` file (fcntl.flock) and compiles it; another process that misses the same kernel then
+waits for that lock (up to LOCK_WAIT_S) and reads the kernel the first one wrote, instead of compiling it too
+(8 campaign processes starting on an empty store compiled each kernel 8 times).  The lock ends when the
+kernel is stored, when the process misses another kernel (the wrapper compiles one kernel at a time, so a
+kernel that was never stored did not compile), or with the process.  A wait that times out compiles.
+
 Where: $GDN_FUZZ_KERNEL_STORE (a folder), else $XDG_CACHE_HOME/gdn_fuzz/kernels, else
 ~/.cache/gdn_fuzz/kernels.  GDN_FUZZ_KERNEL_STORE=off keeps everything in memory (the
 wrapper's own behaviour).  Writes are atomic (a temporary file in the folder, then os.replace),
@@ -43,6 +50,7 @@ from types import ModuleType
 from gdn_fuzz.environment import dist_version
 
 STORE_ENV = "GDN_FUZZ_KERNEL_STORE"
+LOCK_WAIT_S = 180.0  # the longest wait for another process's compile of one kernel (the H200's took ~6 s each)
 OFF = ("off", "0", "none", "false", "no")
 FORMAT = "gdn-fuzz-kernel-store-1"
 
@@ -85,6 +93,8 @@ class KernelStore(dict):
         self.errors: list[str] = []
         self._modules: list = []  # loaded ExternalBinaryModules: their engines own the code
         self._lock = threading.Lock()
+        self._held: dict = {}  # key -> the open .lock file this process holds while it compiles that kernel
+        self.waited_s = 0.0  # seconds spent waiting for other processes' compiles
 
     def name(self, key) -> str:
         """The file-name stem of `key` (also the exported symbol prefix: [0-9a-z_] only)."""
@@ -141,9 +151,16 @@ class KernelStore(dict):
         with self._lock:
             if dict.__contains__(self, key):
                 return True
+            for k in [k for k in self._held if k != key]:  # a kernel that was never stored: its compile failed
+                self._release(k)
             fn = self._load(key)
             if fn is None:
-                return False
+                self._claim(key)  # hold its lock, after waiting for a process that holds it (compiles it)
+                fn = self._load(key)  # stored meanwhile, by that process or one that just finished
+                if fn is not None:
+                    self._release(key)
+            if fn is None:
+                return False  # the wrapper compiles it (this process holds its lock, where locks work)
             dict.__setitem__(self, key, fn)
             self.loaded += 1
             return True
@@ -152,6 +169,46 @@ class KernelStore(dict):
         dict.__setitem__(self, key, fn)
         self.compiled += 1
         self._save(key, fn)
+        with self._lock:
+            self._release(key)
+
+    def _claim(self, key) -> bool:
+        """Hold the kernel's lock file, waiting while another process holds it (it is compiling that kernel).
+        True when this process holds it; False where it cannot lock (no fcntl, an unwritable folder, a filesystem
+        without locks, a wait past LOCK_WAIT_S): it compiles then, as without a store."""
+        try:
+            import fcntl
+        except ImportError:
+            return False
+        import time
+
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fh = open(self.folder / (self.name(key) + ".lock"), "a+b")
+        except OSError:
+            return False
+        t0 = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - t0 > LOCK_WAIT_S:
+                    fh.close()
+                    self._warn(f"waiting for {self.name(key)}.lock", TimeoutError(f"held past {LOCK_WAIT_S:g} s"))
+                    return False
+                time.sleep(0.05)
+            except OSError:  # a filesystem without locks
+                fh.close()
+                return False
+        self.waited_s += time.monotonic() - t0
+        self._held[key] = fh
+        return True
+
+    def _release(self, key) -> None:
+        fh = self._held.pop(key, None)
+        if fh is not None:
+            fh.close()  # closing the file drops the flock
 
 
 def install(mod: ModuleType, path: Path, arm_name: str) -> KernelStore | None:
