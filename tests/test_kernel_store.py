@@ -229,23 +229,10 @@ def test_second_process_reads_the_kernel_and_writes_the_same_bits(tmp_path):
 RACER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
+    sys.path.insert(0, sys.argv[5])  # the repository: this file's stand-ins
     import cutlass.cute.runtime as rt
     from gdn_fuzz.targets import kernel_store as ks
-
-    class FakeCompiled:
-        def __init__(self, payload):
-            self.payload = payload
-        def dump_to_object(self, prefix):
-            return prefix.encode() + b"|" + self.payload
-
-    class FakeModule:
-        def __init__(self, path):
-            prefix, _, payload = Path(path).read_bytes().partition(b"|")
-            self.prefix, self.payload = prefix.decode(), payload
-        def __getattr__(self, name):
-            if name != self.prefix:
-                raise AttributeError(name)
-            return FakeCompiled(self.payload)
+    from tests.test_kernel_store import FakeCompiled, FakeModule
 
     rt.load_module = lambda path, **kw: FakeModule(path)
     folder, ident, go = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -268,7 +255,8 @@ def test_processes_that_miss_one_kernel_at_once_compile_it_once(tmp_path):
 
     ident = ks.identity(kernel_file(tmp_path), "bf16")
     go = time.time() + 2.0
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "store"), ident, str(go), str(i)],
+    root = str(Path(__file__).resolve().parents[1])
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "store"), ident, str(go), str(i), root],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outs = []
     for p in procs:
@@ -291,4 +279,27 @@ def test_a_kernel_that_never_compiled_releases_its_lock(tmp_path, fake_loader):
     assert ("k", 2) not in store  # the compile of ("k", 1) raised; the wrapper goes on to another kernel
     assert ("k", 1) not in store._held and ("k", 2) in store._held
     store[("k", 2)] = FakeCompiled(b"two")
+    assert store._held == {}
+    assert ("k", 3) not in store and store._held  # a launch that missed ("k", 3), then raised in its compile:
+    mod = types.SimpleNamespace(_CACHE=store)
+    ks.release_held(mod)  # Target.launch's finally
+    assert store._held == {}
+
+
+def test_a_launch_that_raises_releases_the_locks_it_took(tmp_path, monkeypatch):
+    """Target.launch releases the store's locks whatever the entry point did (a compile that raised inside it)."""
+    from gdn_fuzz.targets import Target
+
+    store = ks.KernelStore(tmp_path / "store", "ident")
+
+    def entry(**kw):
+        assert ("key",) not in store  # the wrapper's miss: this process takes the kernel's lock
+        raise RuntimeError("the compile failed")
+
+    mod = types.SimpleNamespace(_CACHE=store, entry=entry)
+    t = Target.__new__(Target)
+    t.entry = "entry"
+    monkeypatch.setattr(Target, "module", lambda self, arm: mod)
+    with pytest.raises(RuntimeError, match="compile failed"):
+        t.launch("bf16")
     assert store._held == {}

@@ -133,7 +133,11 @@ class Target:
         return load_module(self.path, arm, self.entry)
 
     def launch(self, arm: Arm | str, **kwargs):
-        return getattr(self.module(arm), self.entry)(**kwargs)
+        mod = self.module(arm)
+        try:
+            return getattr(mod, self.entry)(**kwargs)
+        finally:  # a compile that raised inside the call must not keep other processes waiting on its lock
+            kernel_store.release_held(mod)
 
     def compile_count(self, arm: Arm | str) -> int:
         """Kernels the module compiled in this process (its JIT cache _CACHE, less the kernels read
