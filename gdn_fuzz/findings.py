@@ -274,8 +274,7 @@ def group_findings(records: list[dict]) -> list[dict]:
     showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
     are the same case, or when they are one check of one clause (check_clause(): on launches of two properties, on
     flush and on verify rows, out of tolerance and non-finite; a legal launch that raised one exception, under any
-    property).  The groups are the connected
-    components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
+    property).  The groups are the connected components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
     launch: one group, three symptoms; oracle.u [M5] on flush rows and on verify rows: one group).  The last link
     can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.
 
@@ -330,6 +329,15 @@ def group_findings(records: list[dict]) -> list[dict]:
     return groups
 
 
+GROUPING_RULE = ("symptoms that share a shrunk launch, or of one check and clause (on other rows, under another "
+                 "property, failing otherwise), are one bug")  # what group_findings links, in words
+
+
+def groups_record(groups: list[dict]) -> list[dict]:
+    """The groups as a campaign's JSON record keeps them: headline and symptoms (the records are there already)."""
+    return [dict(headline=g["headline"], symptoms=g["symptoms"]) for g in groups]
+
+
 def groups_line(groups: list[dict]) -> str:
     """One line for a run's end: 'N bug(s) (S symptoms ...): headline (+k: a; b), ...' ('' without findings)."""
     if not groups:
@@ -339,6 +347,5 @@ def groups_line(groups: list[dict]) -> str:
     for g in groups:
         more = g["symptoms"][1:]
         parts.append(g["headline"] + (f" (+{len(more)}: {'; '.join(more)})" if more else ""))
-    head = (f"{len(groups)} bug{'s' if len(groups) != 1 else ''}, {n} symptom{'s' if n != 1 else ''} "
-            "(symptoms that share a shrunk launch, or of one check and clause, are one bug)")
+    head = f"{len(groups)} bug{'s' if len(groups) != 1 else ''}, {n} symptom{'s' if n != 1 else ''} ({GROUPING_RULE})"
     return head + ": " + " | ".join(parts)

@@ -215,9 +215,9 @@ def _kernel(interpret: bool):
                 fa = tl.load(pa_ptr + row * sa_r + hv * sa_h + offs_v[:, None] * sa_v + offs_k[None, :] * sa_k,
                              mask=m2, other=0.0).to(tl.float64)
                 df = fa - S
-                f_err = tl.sum(tl.sum(df * df, axis=1), axis=0)
-                f_mag = tl.sum(tl.sum(M * M, axis=1), axis=0)
-                f_bad = tl.sum(tl.sum(tl.where((fa - fa) != 0.0, 1.0, 0.0), axis=1), axis=0)  # x - x: 0 or NaN
+                f_err = tl.sum(df * df, axis=1)  # [BLOCK_V]
+                f_mag = tl.sum(M * M, axis=1)
+                f_bad = tl.sum(tl.where((fa - fa) != 0.0, 1.0, 0.0), axis=1)  # x - x: 0 finite, NaN else
             else:
                 state_off = bh * V * K + offs_v[:, None] * K + offs_k[None, :]
                 tl.store(fold_ptr + state_off, S, mask=m2)
@@ -281,9 +281,9 @@ def _kernel(interpret: bool):
             tl.store(so + 3, tl.sum(u_err, axis=0))
             tl.store(so + 4, tl.sum(u_mag, axis=0))
             tl.store(so + 5, tl.sum(u_bad, axis=0))
-            tl.store(so + 6, f_err)
-            tl.store(so + 7, f_mag)
-            tl.store(so + 8, f_bad)
+            tl.store(so + 6, tl.sum(f_err, axis=0))
+            tl.store(so + 7, tl.sum(f_mag, axis=0))
+            tl.store(so + 8, tl.sum(f_bad, axis=0))
 
     return fused_launch_kernel
 
@@ -364,8 +364,9 @@ def install_gate(gate: Gate | None) -> None:
 def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_cache=None, stores=None,
          observed=None, **flags):
     """One launch of the kernel on the grid (V / block_v, HV, n) for the three callers (launch, measure,
-    history).  named: _prepare's inputs (rows, egp, w, wslots, nwin, eg, beta, q, k); k_cache, u_cache: the rings before the launch (the window's records); stores: y, y_mag, U, U_mag,
-    fold, fold_mag (launch, history); observed: (y_out, its strides, u_after, its strides, slots, pool_after, its
+    history).  named: _prepare's inputs (rows, egp, w, wslots, nwin, eg, beta, q, k); k_cache, u_cache: the
+    rings before the launch (the window's records); stores: y, y_mag, U, U_mag, fold, fold_mag (launch,
+    history); observed: (y_out, its strides, u_after, its strides, slots, pool_after, its
     strides, sums, NVB) (measure).  A pointer a variant never touches is `unused`."""
     n, T, K, HV, V = dims
     if not (n and HV and V):

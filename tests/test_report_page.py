@@ -90,8 +90,8 @@ def test_the_page_loads_clean_with_its_plots_findings_and_bounds(report, tmp_pat
     heads = [r[1] for r in rows if r[0]]
     assert heads == [g["headline"] for g in camp["groups"]]
     assert errs and {(a, o) for a, o, *_ in errs} <= {(a, o) for a in ("bf16", "fp16") for o in ("y", "u", "k", "g", "fold")}
-    for arm, out, _, bound, source in errs:
-        assert float(bound) == pytest.approx(table_for(arm)[out].rtol, rel=1e-2) and source == table_for(arm)[out].source
+    for arm, out, _, bound, source in errs:  # the page prints a bound with 3 significant digits (:.2e): <= 0.5% off
+        assert float(bound) == pytest.approx(table_for(arm)[out].rtol, rel=5e-3) and source == table_for(arm)[out].source
     assert shot.stat().st_size > 10_000
 
 

@@ -821,4 +821,6 @@ def test_default_torch_threads_are_the_cores_other_processes_leave_free():
         for h in hogs:
             h.kill()
             h.wait()
-    assert busy >= cores - 0.5, (cores, before, busy)  # every core busy with the hogs: measured as busy
+    # every core runs a hog for the whole window, so `busy` is ~cores; the 0.5 core of slack is the scheduler's
+    # share of the window that other work (this process's sleep ending, the hogs' start) can take
+    assert busy >= cores - 0.5, (cores, before, busy)

@@ -21,9 +21,9 @@ from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.raycluster import run_on_ray
 from gdn_fuzz.engine.reproducer import explain
-from gdn_fuzz.engine.worker import campaign_record, exit_status, make_campaign
+from gdn_fuzz.engine.worker import campaign_groups, campaign_record, exit_status, make_campaign
 from gdn_fuzz.environment import default_torch_threads
-from gdn_fuzz.findings import group_findings, groups_line
+from gdn_fuzz.findings import groups_line
 from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.strategies import POOL_SCALES
 from gdn_fuzz.targets import kernel_of, releases
@@ -252,7 +252,7 @@ def cmd_run(args) -> int:
             pt.add_row(p.name, str(pp["examples"]), f"{pp['first_s']:.1f}s (example {pp['first_example'] + 1})",
                        f"{pp['seconds']:.1f}")
     console.print(pt)
-    groups = group_findings([f.to_record() for f in camp.findings.values()])
+    groups = campaign_groups(camp)
     if camp.findings or camp.known_hits:
         ft = Table(title="findings by signature (bug: symptoms that share a shrunk launch)")
         cols = ("bug", "signature", "status", "first at", "examples before", "shrunk", "corpus entry")
@@ -286,7 +286,7 @@ def cmd_run(args) -> int:
     if camp.interrupted:
         console.print("[yellow]interrupted[/yellow]: findings seen so far are listed and stored above")
     if args.json:
-        rec = campaign_record(camp, spec, target, seconds)
+        rec = campaign_record(camp, spec, target, seconds, groups)
         rec["command"] = shlex.join(["gdn-fuzz", *sys.argv[1:]])
         with open(args.json, "w") as fh:
             json.dump(rec, fh, indent=1)
@@ -295,7 +295,6 @@ def cmd_run(args) -> int:
     return exit_status(camp, args.fail_on_known)
 
 
-# below NARROW_COLUMNS (engine.fleet's) the summary is one row per field and the findings lose 2 columns
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often when the output is not a terminal
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 from gdn_fuzz.arms import ARM_NAMES, parse_arms
 from gdn_fuzz.case import Case
 from gdn_fuzz.prefix_case import load_case
-from gdn_fuzz.findings import group_findings, groups_line
+from gdn_fuzz.findings import group_findings, groups_line, groups_record
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from gdn_fuzz.engine.worker import WorkerSpec
@@ -525,7 +525,7 @@ class Fleet:
             rec = dict(self.info, backend=self.backend.name, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        target=self.target_name, totals=tot, failed=failed, interrupted=interrupted,
                        findings=list(self.findings.values()),
-                       groups=[dict(headline=g["headline"], symptoms=g["symptoms"]) for g in groups],
+                       groups=groups_record(groups),
                        known=[dict(signature=k, corpus_entry=self.known.get(k), examples=n, known=True)
                               for k, n in sorted(self.known_hits.items())],
                        lost=self.lost, corpus_writes=self.corpus_writes, workers=ws)

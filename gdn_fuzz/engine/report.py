@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gdn_fuzz.findings import GROUPING_RULE, group_findings
 from gdn_fuzz.prefix_case import KIND as PREFIX_KIND
 
 OUTPUTS = ("y", "u", "k", "g", "fold")
@@ -267,16 +268,13 @@ def bounds(arms) -> dict:
     return out
 
 
-def _plots(recs, out: Path) -> tuple[list[str], Counter]:
-    """The three figures as PNG files in `out`; what was left out of them (measured())."""
+def _plots(vals: dict, arms: list[str], tol: dict, out: Path) -> list[str]:
+    """The three figures as PNG files in `out`, from measured()'s values and the bounds of `arms`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    vals, left = measured(recs)
-    arms = sorted({r["arm"] for r in recs})
-    tol = bounds(arms)
     made = []
     fig, axes = plt.subplots(1, len(OUTPUTS), figsize=(4 * len(OUTPUTS), 3.5), sharey=False)
     for ax, o in zip(axes, OUTPUTS):
@@ -325,7 +323,7 @@ def _plots(recs, out: Path) -> tuple[list[str], Counter]:
     fig.savefig(out / "error_over_campaign.png", dpi=90)
     plt.close(fig)
     made.append("error_over_campaign.png")
-    return made, left
+    return made
 
 
 def _left_out(left: Counter) -> str:
@@ -335,8 +333,6 @@ def _left_out(left: Counter) -> str:
 
 
 def build(records_path, campaign_json=None, out_dir="report") -> Path:
-    from gdn_fuzz.findings import group_findings
-
     recs = load_records(records_path)  # both inputs read (and checked) before anything is written
     camp = load_campaign(campaign_json) if campaign_json else {}
     out = Path(out_dir)
@@ -359,9 +355,7 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
         md.append("None.")
     else:
         n = sum(len(g["symptoms"]) for g in groups)
-        md += [f"{len(groups)} bug(s), {n} symptom(s): symptoms that share a shrunk launch, or of one check and clause "
-               "(on other rows, under another property, failing otherwise), are one bug; the most specific symptom "
-               "first.", ""]
+        md += [f"{len(groups)} bug(s), {n} symptom(s): {GROUPING_RULE}; the most specific symptom first.", ""]
     for k, g in enumerate(groups, 1):
         md.append(f"### Bug {k}: `{g['headline']}`" + (f" (+{len(g['symptoms']) - 1} symptoms)"
                                                         if len(g["symptoms"]) > 1 else ""))
@@ -389,13 +383,16 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
            "single-launch campaigns.", "", "## Error against the float64 oracle", "",
            "Worst error / magnitude over the live rows of every measured example, next to the bound the checks "
            "allow and where it comes from. " + BOUND_NOTE, ""]
-    worst = error_table(recs)
+    vals, left = measured(recs)
+    arms = sorted({r["arm"] for r in recs})
+    tol = bounds(arms)
+    worst = error_table(vals, tol)
     md.append("| arm | output | worst error / magnitude | relative bound | where the bound comes from |")
     md.append("|---|---|---|---|---|")
     for arm, o, w, rtol, src in worst:
         md.append(f"| {arm} | {o} | {w:.2e} | " + (f"{rtol:.2e} | {src}" if rtol else "- | -") + " |")
     md.append("")
-    pngs, left = _plots(recs, out)
+    pngs = _plots(vals, arms, tol, out)
     md.append(_left_out(left) + ".")
     md.append("")
     for png in pngs:
@@ -411,10 +408,9 @@ BOUND_NOTE = ("A check allows rtol x magnitude + a per-element floor for underfl
               "this table shows how close the measured outputs came.")
 
 
-def error_table(recs: list[dict]) -> list[tuple]:
-    """(arm, output, worst error / magnitude, the bound's rtol or None, its provenance) per measured pair."""
-    vals, _ = measured(recs)
-    tol = bounds(sorted({r["arm"] for r in recs}))
+def error_table(vals: dict, tol: dict) -> list[tuple]:
+    """(arm, output, worst error / magnitude, the bound's rtol or None, its provenance) per measured pair, from
+    measured()'s values and bounds()."""
     rows = []
     for arm in sorted({a for o in OUTPUTS for a in vals[o]}):
         for o in OUTPUTS:
@@ -500,8 +496,8 @@ def page(camp: dict, recs: list[dict], groups: list[dict], worst: list[tuple], p
             marks.append(j == 0)
     body = (_table(["bug", "signature", "property", "first at", "shrunk", "corpus entry", "details"], rows,
                    " id=findings", lambda i: " class=bug" if marks[i] else "")
-            + "<p>Symptoms that share a shrunk launch, or of one check and clause (on other rows, under another "
-              "property, failing otherwise), are one bug; the most specific symptom (its shrunk launch shows the fewest others) heads it.</p>"
+            + f"<p>{_e(GROUPING_RULE[0].upper() + GROUPING_RULE[1:])}; the most specific symptom (its shrunk launch "
+              "shows the fewest others) heads each.</p>"
             if groups else "<p class=ok>None: no check failed outside the known bugs.</p>")
     parts.append(f"<section id=findings-section><h2>Findings: {head}</h2>{body}</section>")
     known = camp.get("known", [])

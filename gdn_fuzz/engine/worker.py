@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from gdn_fuzz.case import Case, draws_for
 from gdn_fuzz.prefix_case import load_case
-from gdn_fuzz.findings import group_findings
+from gdn_fuzz.findings import group_findings, groups_record
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import Campaign, CampaignFinding
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
@@ -134,9 +134,17 @@ def make_campaign(spec: WorkerSpec, target, *, corpus_dir=None, record=None) -> 
     return camp, note
 
 
-def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | None) -> dict:
-    """The JSON record of one campaign (`gdn-fuzz run --json`, and each worker of a fleet)."""
+def campaign_groups(camp: Campaign) -> list[dict]:
+    """The campaign's new findings grouped by bug (findings.group_findings of their records)."""
+    return group_findings([f.to_record() for f in camp.findings.values()])
+
+
+def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | None,
+                    groups: list[dict] | None = None) -> dict:
+    """The JSON record of one campaign (`gdn-fuzz run --json`, and each worker of a fleet); groups:
+    campaign_groups(camp), where the caller has them."""
     s = camp.stats
+    groups = campaign_groups(camp) if groups is None else groups
     return dict(target=str(target), path=str(target.path), device=spec.device, arms=list(camp.arms), T=list(camp.Ts),
                 properties=[p.name for p in camp.properties], buckets=list(camp.buckets),
                 pool_scales=list(camp.pool_scales), seed=spec.seed, examples=s.examples, launches=s.launches,
@@ -148,9 +156,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 versions=run_versions(),
-                findings=[f.to_record() for f in camp.findings.values()],
-                groups=[dict(headline=g["headline"], symptoms=g["symptoms"])
-                        for g in group_findings([f.to_record() for f in camp.findings.values()])],
+                findings=[r for g in groups for r in g["records"]], groups=groups_record(groups),
                 known=camp.known_summary(), machine_failures=dict(camp.env_failures),
                 unconfirmed=camp.unconfirmed)
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gdn_fuzz.findings import group_findings
+from gdn_fuzz.findings import group_findings, groups_record
 from gdn_fuzz.studies.mutation_score import mutants_of
 
 
@@ -37,7 +37,7 @@ def run_one(name: str, seconds: float, extra: list[str]) -> dict:
         rec = json.loads(out.read_text())
     finds = [dict(signature=f["signature"], case=f["case"], launch_signatures=f.get("launch_signatures"))
              for f in rec.get("findings", [])]
-    groups = [dict(headline=g["headline"], symptoms=g["symptoms"]) for g in group_findings(finds)]
+    groups = groups_record(group_findings(finds))
     return dict(name=name, exit=p.returncode, wall_s=round(wall, 1), signatures=[f["signature"] for f in finds],
                 groups=groups, findings=finds)
 
@@ -62,8 +62,7 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         if name in earlier:
-            r = dict(earlier[name], groups=[dict(headline=g["headline"], symptoms=g["symptoms"])
-                                            for g in group_findings(earlier[name].get("findings", []))])
+            r = dict(earlier[name], groups=groups_record(group_findings(earlier[name].get("findings", []))))
         else:
             r = run_one(name, args.seconds, args.extra)
         rows.append(r)

@@ -154,8 +154,7 @@ class KernelStore(dict):
         with self._lock:
             if dict.__contains__(self, key):
                 return True
-            for k in [k for k in self._held if k != key]:  # a kernel that was never stored: its compile failed
-                self._release(k)
+            self._release_all(keep=key)  # a kernel that was never stored: its compile failed
             fn = self._load(key)
             if fn is None:
                 self._claim(key)  # hold its lock, after waiting for a process that holds it (compiles it)
@@ -175,21 +174,21 @@ class KernelStore(dict):
         with self._lock:
             self._release(key)
 
-    def _claim(self, key) -> bool:
+    def _claim(self, key) -> None:
         """Hold the kernel's lock file, waiting while another process holds it (it is compiling that kernel).
-        True when this process holds it; False where it cannot lock (no fcntl, an unwritable folder, a filesystem
-        without locks, a wait past LOCK_WAIT_S): it compiles then, as without a store."""
+        Where it cannot lock (no fcntl, an unwritable folder, a filesystem without locks, a wait past LOCK_WAIT_S)
+        it holds nothing: the process compiles then, as without a store."""
         try:
             import fcntl
         except ImportError:
-            return False
+            return
         import time
 
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fh = open(self.folder / (self.name(key) + ".lock"), "a+b")
         except OSError:
-            return False
+            return
         t0 = time.monotonic()
         while True:
             try:
@@ -199,18 +198,21 @@ class KernelStore(dict):
                 if time.monotonic() - t0 > LOCK_WAIT_S:
                     fh.close()
                     self._warn(f"waiting for {self.name(key)}.lock", TimeoutError(f"held past {LOCK_WAIT_S:g} s"))
-                    return False
+                    return
                 time.sleep(0.05)
             except OSError:  # a filesystem without locks
                 fh.close()
-                return False
+                return
         self.waited_s += time.monotonic() - t0
         self._held[key] = fh
-        return True
 
     def __del__(self):
-        for fh in getattr(self, "_held", {}).values():
-            fh.close()
+        if getattr(self, "_held", None):
+            self._release_all()
+
+    def _release_all(self, keep=None) -> None:
+        for k in [k for k in self._held if k != keep]:
+            self._release(k)
 
     def _release(self, key) -> None:
         fh = self._held.pop(key, None)
@@ -236,8 +238,7 @@ def release_held(mod: ModuleType) -> None:
     cache = getattr(mod, "_CACHE", None)
     if isinstance(cache, KernelStore) and cache._held:
         with cache._lock:
-            for k in list(cache._held):
-                cache._release(k)
+            cache._release_all()
 
 
 def compiles(mod: ModuleType) -> int:
