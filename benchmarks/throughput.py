@@ -35,8 +35,9 @@ launches in total, per process, warm-up, the ratio to the first process count's 
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
 
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
-                 (Case.draws "cuda" on a CUDA device: also q, k, v; the legacy "device" on
-                 a CPU); the default "cpu" draws everything on the CPU generator
+                 (Case.draws "graph" on a CUDA device: every value, by the draw program a CUDA
+                 graph replays; the legacy "device" on a CPU); the default "cpu" draws
+                 everything on the CPU generator.  --draws cuda / graph: that mode (A/B)
                  (device-independent bits, but a large geometry's pool is a big CPU draw).
 --oracle auto|spec|fused|both
                  which float64 oracle checks.expectation uses (GDN_FUZZ_ORACLE, set for the
@@ -303,6 +304,7 @@ def run_campaign(args, target):
                seconds=s.elapsed, examples=s.examples, launches=s.launches, launches_per_s=s.launches / s.elapsed,
                rounds=s.rounds, compiles_measured=s.compiles, warmup_s=s.warmup_s,
                warmup_compiles=s.warmup_compiles, graphs=graphs.stats().as_dict(),
+               draw_graphs=graphs.draw_stats().as_dict(),
                findings=[str(f) for cf in camp.findings.values() for f in cf.findings])
     print(f"campaign: {s.launches} checked launches in {s.elapsed:.1f}s of campaign time "
           f"({rec['launches_per_s']:.1f}/s; {s.launches * 30 / s.elapsed:.0f} per 30 s), {s.rounds} rounds, "
@@ -383,8 +385,9 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--HV", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--draws", choices=("cpu", "device"), default="cpu",
-                    help="Case.draws: where the bulk random tensors are drawn (default cpu: device-independent bits)")
+    ap.add_argument("--draws", choices=("cpu", "device", "cuda", "graph"), default="cpu",
+                    help="Case.draws: where the random tensors are drawn (default cpu: device-independent bits; device: "
+                         "what `gdn-fuzz run` draws on the device; cuda, graph: that mode itself)")
     ap.add_argument("--max-seconds", type=float, help="table mode: stop starting new shapes after this long")
     ap.add_argument("--campaign", type=float, metavar="SECONDS", help="campaign-throughput mode for SECONDS")
     ap.add_argument("--product", type=float, metavar="SECONDS", help="product-command mode: gdn-fuzz run for SECONDS")
@@ -417,10 +420,10 @@ def main(argv=None):
             fused_oracle.oracle_for(torch.device(args.device))  # fused where it cannot run: say so now
         except RuntimeError as e:
             ap.error(str(e))
-    if args.draws == "device":  # Case.draws of the device: "cuda" on CUDA (what `gdn-fuzz run` draws there)
+    if args.draws == "device":  # Case.draws of the device: "graph" on CUDA (what `gdn-fuzz run` draws there)
         from gdn_fuzz.case import draws_for
 
-        args.draws = "device" if draws_for(args.device) == "cpu" else "cuda"
+        args.draws = "device" if draws_for(args.device) == "cpu" else draws_for(args.device)
     target = get_target(args.target)
     for a in args.arms:
         target.module(a)  # import every arm first: a module that does not fit fails here

@@ -184,6 +184,9 @@ class Case:
     #   launch by the device's multiprocessor count).
     # "device" (older entries): the bulk tensors from a generator on whatever device
     #   materialize() is given.
+    # "graph" (what `gdn-fuzz run` passes on a CUDA device since issue 32): every value, the gates
+    #   included, from torch's CUDA generator, by one program of fixed shapes (graph_program) that
+    #   gdn_fuzz.graphs replays from a CUDA graph.  CUDA only, as "cuda".
     draws: str = "cpu"
     # How much of the pool and the rings holds drawn values (FILLS): "all", or "rows": only the slots
     # of the case's rows (their checkpoint, their rings: window and garbage around it); every other
@@ -380,6 +383,14 @@ def row_edges(case: Case, i: int) -> list[str]:
 # ------------------------------------------------------------------ materialization
 
 
+# decay: (low, high) of A = e^{A_log} (uniform) and the mean of the logits a (unit normal), per regime.decay
+DECAY_DRAWS = {"weak": (1e-3, 1e-2, -3.0), "normal": (0.5, 4.0, -2.0), "strong": (4.0, 16.0, 0.5),
+               "vanishing": (10.0, 20.0, 2.0)}
+# beta: the mean of the logits b (std 1.5).  zero / one: sigma(b) is exactly 0 / 1 in f32 for |b| >~ 104 / 17
+# (e^{+-b} overflows / underflows)
+BETA_MU = {"near0": -8.0, "mid": 0.0, "near1": 8.0, "zero": -120.0, "one": 120.0}
+
+
 def decay_params(regime: Regime, gen, B, T, HV):
     """(A_log [HV], dt_bias [HV], a [B, T, HV]) giving per-token g in the regime's range (M1).
 
@@ -389,28 +400,17 @@ def decay_params(regime: Regime, gen, B, T, HV):
     vanishing: g ~ -13 .. -61  (issue 18: mostly below -16.6, where e^g is under fp16's smallest
                subnormal 6e-8, and past a few tokens under f32's: the decays of N3's underflow note)
     """
-    if regime.decay == "weak":
-        A = torch.empty(HV).uniform_(1e-3, 1e-2, generator=gen)
-        a_mu = -3.0
-    elif regime.decay == "normal":
-        A = torch.empty(HV).uniform_(0.5, 4.0, generator=gen)
-        a_mu = -2.0
-    elif regime.decay == "strong":
-        A = torch.empty(HV).uniform_(4.0, 16.0, generator=gen)
-        a_mu = 0.5
-    elif regime.decay == "vanishing":
-        A = torch.empty(HV).uniform_(10.0, 20.0, generator=gen)
-        a_mu = 2.0
-    else:
+    if regime.decay not in DECAY_DRAWS:
         raise ValueError(f"regime.decay={regime.decay!r}; use one of {DECAYS}")
+    lo, hi, a_mu = DECAY_DRAWS[regime.decay]
+    A = torch.empty(HV).uniform_(lo, hi, generator=gen)
     dt_bias = torch.randn(HV, generator=gen) * 0.5
     a = a_mu + torch.randn(B, T, HV, generator=gen)
     return torch.log(A), dt_bias, a
 
 
 def _beta_logits(regime: Regime, gen, shape):
-    # zero / one: sigma(b) is exactly 0 / 1 in f32 for |b| >~ 104 / 17 (e^{+-b} overflows / underflows)
-    mu = {"near0": -8.0, "mid": 0.0, "near1": 8.0, "zero": -120.0, "one": 120.0}.get(regime.beta)
+    mu = BETA_MU.get(regime.beta)
     if mu is None:
         raise ValueError(f"regime.beta={regime.beta!r}; use one of {BETAS}")
     return mu + torch.randn(shape, generator=gen) * 1.5
@@ -443,12 +443,13 @@ def draw_tokens(reg: Regime, gen, B: int, T: int, H: int, HV: int, K: int, V: in
     return q, k, v, A_log, dt_bias, a, b
 
 
-DRAWS = ("cpu", "cuda", "device")
+DRAWS = ("cpu", "cuda", "device", "graph")
 
 
 def draws_for(device: str | torch.device) -> str:
-    """The draws of a campaign on `device`: "cuda" on a CUDA device (values drawn there), else "cpu"."""
-    return "cuda" if torch.device(device).type == "cuda" else "cpu"
+    """The draws of a campaign on `device`: "graph" on a CUDA device (every value drawn there, by the draw program
+    a CUDA graph replays), else "cpu"."""
+    return "graph" if torch.device(device).type == "cuda" else "cpu"
 
 
 def materialize(case: Case, device: str | torch.device = "cpu", *,
@@ -481,6 +482,16 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
         return _materialize_rows(case, device, history_device)
     arm = case.arm_spec
     dev = torch.device(device)
+    if case.draws == "graph":
+        if dev.type != "cuda":
+            raise ValueError(
+                f"case.draws='graph': this case's values were drawn by torch's CUDA generator, and on "
+                f"device={str(device)!r} they would be other values (another launch than the one that was found); "
+                "replay it on a CUDA device (--device cuda)")
+        if history_device is not None and torch.device(history_device) != dev:
+            raise ValueError(f"history_device={str(history_device)!r}: a draws='graph' case fills its windows on "
+                             f"its launch's device ({dev}); leave history_device out")
+        return _materialize_graph(case, dev)
     if case.draws == "cuda" and dev.type != "cuda":
         raise ValueError(
             f"case.draws='cuda': this case's pool, rings and history were drawn by torch's CUDA generator, "
@@ -520,6 +531,145 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
         flush_min=case.flush_min,
         restart_hist_on_flush=case.restart_hist_on_flush,
     )
+
+
+# ------------------------------------------------------------------ draws="graph"
+#
+# One program of fixed shapes: every value from one generator on the launch's device, the rows' cursors and the
+# regime as device data.  Its tensor shapes depend only on (arm, B, T, H, HV, K, V, pool), so gdn_fuzz.graphs
+# captures it once per such key as a CUDA graph and replays it with the next case's seed, rows and regime: one
+# replay instead of ~150 small operations, each ~10-20 us of host time (docs/benchmarks.md, issue 32).  What it
+# draws is what materialize() draws for the other modes, structure for structure (the same regimes, windows,
+# history and poison); the values are this program's own.
+
+GRAPH_REGIME = ("qk_scale", "v_scale", "state_scale", "A_low", "A_high", "a_mu", "b_mu", "near_dup", "zero_norm",
+                "free", "poison")
+
+
+def graph_dims(case: Case) -> tuple:
+    """What the draw program's shapes depend on: its graph key (gdn_fuzz.graphs.draw)."""
+    return case.arm, case.B, case.T, case.H, case.HV, case.K, case.V, case.pool
+
+
+def graph_data(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw program's per-case inputs, on the CPU: rows [3, B] int32 (slot, hist_len, cache_base; a pad row's
+    negative slot as given) and the regime [len(GRAPH_REGIME)] float32."""
+    reg = case.regime
+    if reg.decay not in DECAY_DRAWS:
+        raise ValueError(f"regime.decay={reg.decay!r}; use one of {DECAYS}")
+    if reg.beta not in BETA_MU:
+        raise ValueError(f"regime.beta={reg.beta!r}; use one of {BETAS}")
+    for name, legal in (("keys", KEYS), ("history", HISTORIES)):
+        if getattr(reg, name) not in legal:
+            raise ValueError(f"regime.{name}={getattr(reg, name)!r}; use one of {legal}")
+    rows = torch.tensor([[r.slot for r in case.rows], [r.hist_len for r in case.rows],
+                         [r.cache_base for r in case.rows]], dtype=torch.int32)
+    lo, hi, a_mu = DECAY_DRAWS[reg.decay]
+    regime = torch.tensor([reg.qk_scale, reg.v_scale, reg.state_scale, lo, hi, a_mu, BETA_MU[reg.beta],
+                           reg.keys == "near_dup", reg.keys == "zero_norm", reg.history == "free", reg.poison],
+                          dtype=torch.float32)
+    return rows, regime
+
+
+def _graph_keys(k, near_dup, zero_norm):
+    """_keys' regimes as device data: near_dup (every key within 1e-3 of token 0's), zero_norm (tokens 1 and T-1
+    all zero)."""
+    k = torch.where(near_dup, k[:, :1] + 1e-3 * k, k)
+    t = torch.arange(k.shape[1], device=k.device)
+    zero = zero_norm & ((t == 1) | (t == k.shape[1] - 1))
+    return torch.where(zero[None, :, None, None], 0.0, k)
+
+
+def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator, dims: tuple) -> dict:
+    """The tensors of one launch (materialize()'s, less flush_min and restart_hist_on_flush), from `gen` and the
+    device data of graph_data(), on gen's device.  No host synchronization and no shape that depends on a value,
+    so a CUDA graph captures it.
+
+      tokens   q, k, v ~ N(0, 1) scaled as the regime says, A_log, dt_bias, a, b as decay_params and _beta_logits
+      pool     N(0, state_scale^2); rings: normalized random keys, random updates, decreasing G (garbage)
+      windows  every row's 16 history tokens are drawn, pad rows' too; the records j < hist_len of a real row go
+               to ring slot (cache_base + j) & 31 of its pool row (consistent: the float64 recurrence from its
+               checkpoint; free: random), the others to a scratch pool row past the last, cut off
+      poison   NaN outside the windows of the rows' pool rows and in pool rows no real row uses (R1)
+    """
+    arm_name, B, T, H, HV, K, V, NP = dims
+    arm = get_arm(arm_name)
+    dev = gen.device
+    qk, vs, ss, A_lo, A_hi, a_mu, b_mu = regime[:7].unbind(0)
+    near_dup, zero_norm, free, poison = (regime[7:] != 0).unbind(0)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=dev)
+
+    q = randn(B, T, H, K) * qk
+    k = _graph_keys(randn(B, T, H, K), near_dup, zero_norm) * qk
+    v = randn(B, T, HV, V) * vs
+    A_log = torch.log(A_lo + (A_hi - A_lo) * torch.rand(HV, generator=gen, device=dev))
+    dt_bias = randn(HV) * 0.5
+    a = a_mu + randn(B, T, HV)
+    b = b_mu + randn(B, T, HV) * 1.5
+    pool = randn(NP, HV, V, K) * ss
+    # one scratch row past the pool: where the records of rows that write none go
+    k_buf = gdn_oracle.l2norm(randn(NP + 1, H, RING_SLOTS, K)).float()
+    u_buf = randn(NP + 1, HV, RING_SLOTS, V) * vs
+    g_buf = -torch.rand(NP + 1, HV, RING_SLOTS, generator=gen, device=dev) * 4.0
+    hk = _graph_keys(randn(B, W_RING, H, K), near_dup, zero_norm) * qk
+    hv = randn(B, W_RING, HV, V) * vs
+    ha = a_mu + randn(B, W_RING, HV)
+    hb = b_mu + randn(B, W_RING, HV) * 1.5
+
+    A_io, dt_io, hv_io = A_log.to(arm.io), dt_bias.to(arm.io), hv.to(arm.io)
+    g, beta = gdn_oracle.gates(ha.to(arm.io), dt_io, A_io, hb.to(arm.io))
+    hk_io = hk.to(arm.io)
+    _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
+    slot, P, base = rows.long().unbind(0)
+    real = slot >= 0
+    at = torch.where(real, slot, 0)  # a pad row's history starts from row 0's checkpoint and is never written
+    pool_state = pool.to(arm.state)
+    if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
+        U = fused_oracle.history(pool_state, at, g, beta, k_hat, hv_io)
+    else:
+        _, U, _ = gdn_oracle.sequential(pool_state[at].double(), k_hat, k_hat, hv_io, g, beta, keep_states=False)
+    kw = torch.where(free, gdn_oracle.l2norm(hk), k_hat[:, :, :: HV // H])  # [B, 16, H, K]
+    U = torch.where(free, hv.double() * 0.5, U)
+    Gc = torch.cumsum(g, 1)
+
+    def window(n):  # ring slots of records j < n, and the pool row each goes to (NP: the scratch row)
+        j = torch.arange(n, device=dev)
+        inside = real[:, None] & (j[None, :] < P[:, None])
+        return torch.where(inside, at[:, None], NP), (base[:, None] + j[None, :]) & (RING_SLOTS - 1)
+
+    to, s = window(W_RING)
+    k_buf.permute(0, 2, 1, 3)[to, s] = kw.float()
+    u_buf.permute(0, 2, 1, 3)[to, s] = U.float()
+    g_buf.permute(0, 2, 1)[to, s] = Gc.float()
+
+    to, s = window(RING_SLOTS)  # a window past 32 records keeps every slot
+    true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `t[i] = True` would copy one from the host
+    keep = torch.zeros(NP + 1, RING_SLOTS, dtype=torch.bool, device=dev).index_put_((to, s), true)
+    used = torch.zeros(NP + 1, dtype=torch.bool, device=dev).index_put_((torch.where(real, slot, NP),), true)
+    nan = float("nan")
+    pool = torch.where(poison & ~used[:NP, None, None, None], nan, pool)
+    k_buf = torch.where(poison & ~keep[:, None, :, None], nan, k_buf)
+    u_buf = torch.where(poison & ~keep[:, None, :, None], nan, u_buf)
+    g_buf = torch.where(poison & ~keep[:, None, :], nan, g_buf)
+    return dict(
+        A_log=A_io, dt_bias=dt_io, a=a.to(arm.io), b=b.to(arm.io),
+        q=q.to(arm.io), k=k.to(arm.io), v=v.to(arm.io),
+        initial_state_source=pool.to(arm.state), initial_state_indices=rows[0],
+        k_cache=k_buf[:NP].to(arm.ring), u_cache=u_buf[:NP].to(arm.ring), g_cache=g_buf[:NP],
+        hist_len=rows[1], cache_base=rows[2],
+    )
+
+
+def _materialize_graph(case: Case, dev: torch.device) -> dict:
+    """materialize() of a draws="graph" case: graph_program, replayed from a CUDA graph where gdn_fuzz.graphs
+    allows (the same bits as run eagerly: tests/test_graphs.py on a GPU)."""
+    from gdn_fuzz import graphs  # graphs imports nothing of this module's; lazily, for the import time of --help
+
+    rows, regime = graph_data(case)
+    out = graphs.draw(graph_program, graph_dims(case), rows, regime, case.seed, dev)
+    return dict(out, flush_min=case.flush_min, restart_hist_on_flush=case.restart_hist_on_flush)
 
 
 def _materialize_rows(case: Case, device, history_device) -> dict:

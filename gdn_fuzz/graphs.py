@@ -26,6 +26,15 @@ validated on the host from the Case's rows (checks._check_case_cursors, run's be
 so verdict has no host synchronization to capture.  A capture that fails leaves its key eager for the
 rest of the process (stats().failed names why); the check's result never depends on the graph.
 
+The draw program (draw()): materialize() of a draws="graph" case (the GPU campaign's default) is
+case.graph_program, a function of fixed shapes of the case's seed, rows and regime, with no host round trip.
+It is captured per graph_dims (arm, B, T, geometry, pool) at the CAPTURE_AT-th sighting, with its own
+generator registered with the graph (torch's graph-safe Philox state: a replay after manual_seed(seed) draws
+what an eager run from that seed draws), and replayed with the next case's data; its outputs are cloned, so
+the caller owns them.  The draw graphs share one memory pool per device and keep at most MAX_DRAW_BYTES of
+static outputs (least recently used dropped).  The ~150 small operations of a materialize become one replay
+and the clones.
+
 GDN_FUZZ_GRAPHS: auto (default: capture on CUDA devices), off (always eager).  benchmarks/throughput.py
 times both.  tests/test_graphs.py checks that a replay gives the eager verdict's bits (on CUDA).
 """
@@ -51,6 +60,9 @@ MAX_GRAPHS = 128  # graphs kept (least recently used dropped): a campaign's defa
 MAX_STATIC_BYTES = 2 << 30  # a graph's static copies (before + after) past this: the check of that shape runs eagerly
 POOL_BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache")
 MIN_POOL_ROWS = 16  # the campaign's small pools (a bucket of 4 or 8 rows + up to 6 spare) share one key
+MAX_DRAW_GRAPHS = 128  # draw graphs kept (case.materialize of draws="graph"; one per arm, B, T, geometry and pool)
+MAX_DRAW_BYTES = 4 << 30  # their static outputs past this: the least recently used dropped (a B = 64 pool at HV = 64
+#                           in float32 is ~0.3 GiB; eight processes share one GPU)
 
 
 def choice() -> str:
@@ -85,21 +97,75 @@ def add_counts(a: dict, b: dict) -> dict:
     return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
 
 
-_STATS = Stats()
-_SEEN: Counter = Counter()
-_GRAPHS: OrderedDict = OrderedDict()
+class _Cache:
+    """Graphs by key: a key is captured at its CAPTURE_AT-th sighting, a capture that fails leaves its key eager for
+    the rest of the process (stats.failed says why), the most recently used are kept (at most `max_graphs`, and
+    for draw graphs at most `max_bytes` of static outputs)."""
+
+    def __init__(self, what: str, max_graphs: int, max_bytes: float = math.inf):
+        self.what, self.max_graphs, self.max_bytes = what, max_graphs, max_bytes
+        self.stats, self.seen, self.graphs = Stats(), Counter(), OrderedDict()
+
+    def get(self, k, build, eligible: bool = True):
+        """The graph of key k (build() captures it), or None: run eagerly."""
+        if k in self.stats.failed:
+            return None
+        g = self.graphs.get(k)
+        if g is not None:
+            self.graphs.move_to_end(k)
+            return g
+        self.seen[k] += 1
+        if self.seen[k] < CAPTURE_AT or not eligible:
+            return None
+        t0 = time.perf_counter()
+        try:
+            g = build()
+        except Exception as e:  # not capturable here: this key stays eager; the result itself is unaffected
+            where = [f for f in traceback.extract_tb(e.__traceback__) if "gdn_fuzz" in f.filename or
+                     "oracles" in f.filename]
+            at = f" at {Path(where[-1].filename).name}:{where[-1].lineno} ({where[-1].name})" if where else ""
+            why = f"{type(e).__name__}{at}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            if not self.stats.failed:
+                print(f"gdn-fuzz: a CUDA graph of the {self.what} could not be captured ({why}); that shape runs "
+                      f"eagerly (same results, slower; {ENV}=off silences this)", file=sys.stderr)
+            self.stats.failed[k] = why
+            torch.cuda.synchronize()
+            return None
+        self.stats.captures += 1
+        self.stats.capture_s += time.perf_counter() - t0
+        self.graphs[k] = g
+        while len(self.graphs) > self.max_graphs or (
+                self.max_bytes < math.inf and len(self.graphs) > 1
+                and sum(x.nbytes for x in self.graphs.values()) > self.max_bytes):
+            self.graphs.popitem(last=False)
+        return g
+
+
+_CHECKS = _Cache("check", MAX_GRAPHS)
+_DRAWS = _Cache("draw program", MAX_DRAW_GRAPHS, MAX_DRAW_BYTES)
 
 
 def stats() -> Stats:
-    return _STATS
+    """The check graphs' counts in this process."""
+    return _CHECKS.stats
+
+
+def draw_stats() -> Stats:
+    """The draw graphs' counts in this process (case.materialize of draws="graph" cases)."""
+    return _DRAWS.stats
+
+
+def counts() -> dict:
+    """Both caches' numbers (what an isolated worker sends back with each answer): the check's as Stats.counts(),
+    the draw program's with a draw_ prefix."""
+    return dict(stats().counts(), **{f"draw_{k}": v for k, v in draw_stats().counts().items()})
 
 
 def reset() -> None:
     """Drop every graph and the counts (tests; a benchmark between modes)."""
-    global _STATS
-    _GRAPHS.clear()
-    _SEEN.clear()
-    _STATS = Stats()
+    global _CHECKS, _DRAWS
+    _CHECKS = _Cache("check", MAX_GRAPHS)
+    _DRAWS = _Cache("draw program", MAX_DRAW_GRAPHS, MAX_DRAW_BYTES)
 
 
 def _tensors(d: dict):
@@ -194,7 +260,7 @@ class _Graph:
 
 
 def _eager(fn, obs) -> torch.Tensor:
-    _STATS.eager += 1
+    _CHECKS.stats.eager += 1
     return fn(obs)
 
 
@@ -207,36 +273,66 @@ def run(fn, obs, before_replay=None) -> torch.Tensor:
     if (choice() == "off" or not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not obs.from_case
             or getattr(obs.case, "fill", None) == "rows"):
         return _eager(fn, obs)
-    k = key(obs)
-    if k in _STATS.failed:
-        return _eager(fn, obs)
-    g = _GRAPHS.get(k)
+    g = _CHECKS.get(key(obs), lambda: _Graph(fn, obs), eligible=static_bytes(obs) <= MAX_STATIC_BYTES)
     if g is None:
-        _SEEN[k] += 1
-        if _SEEN[k] < CAPTURE_AT or static_bytes(obs) > MAX_STATIC_BYTES:
-            return _eager(fn, obs)
-        t0 = time.perf_counter()
-        try:
-            g = _Graph(fn, obs)
-        except Exception as e:  # not capturable here: this key stays eager; the check itself is unaffected
-            where = [f for f in traceback.extract_tb(e.__traceback__) if "gdn_fuzz" in f.filename or
-                     "oracles" in f.filename]
-            at = f" at {Path(where[-1].filename).name}:{where[-1].lineno} ({where[-1].name})" if where else ""
-            why = f"{type(e).__name__}{at}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
-            if not _STATS.failed:
-                print(f"gdn-fuzz: a CUDA graph of the check could not be captured ({why}); checks of that shape run "
-                      f"eagerly (same results, slower; {ENV}=off silences this)", file=sys.stderr)
-            _STATS.failed[k] = why
-            torch.cuda.synchronize()
-            return _eager(fn, obs)
-        _STATS.captures += 1
-        _STATS.capture_s += time.perf_counter() - t0
-        _GRAPHS[k] = g
-        while len(_GRAPHS) > MAX_GRAPHS:
-            _GRAPHS.popitem(last=False)
-    else:
-        _GRAPHS.move_to_end(k)
+        return _eager(fn, obs)
     if before_replay is not None:
         before_replay(obs)
-    _STATS.replays += 1
+    _CHECKS.stats.replays += 1
     return g.run(obs)
+
+
+class _DrawGraph:
+    """One captured draw program (case.graph_program) of one shape: its static inputs (rows, regime), its own
+    generator, registered with the graph (a replay draws what an eager run from the same seed draws: torch's
+    graph-safe Philox state), and its outputs, which run() clones (the next replay overwrites them)."""
+
+    def __init__(self, program, dims: tuple, rows: torch.Tensor, regime: torch.Tensor, dev: torch.device):
+        self.rows = torch.empty(rows.shape, dtype=rows.dtype, device=dev)
+        self.regime = torch.empty(regime.shape, dtype=regime.dtype, device=dev)
+        self.gen = torch.Generator(device=dev)
+        self.rows.copy_(rows)
+        self.regime.copy_(regime)
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, the allocator's first blocks
+            program(self.rows, self.regime, self.gen, dims)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.register_generator_state(self.gen)
+        with torch.cuda.graph(self.graph, pool=_draw_pool(dev), capture_error_mode="thread_local"):
+            self.out = program(self.rows, self.regime, self.gen, dims)
+        self.nbytes = sum(t.untyped_storage().nbytes() for t in self.out.values())
+
+    def run(self, rows: torch.Tensor, regime: torch.Tensor, seed: int) -> dict:
+        self.rows.copy_(rows)
+        self.regime.copy_(regime)
+        self.gen.manual_seed(seed)
+        self.graph.replay()
+        return {k: v.clone() for k, v in self.out.items()}
+
+
+_POOLS: dict = {}
+
+
+def _draw_pool(dev: torch.device):
+    """One memory pool for every draw graph of a device: a replay's outputs are cloned before the next replay
+    (one stream), so the graphs' intermediates may share blocks."""
+    if dev not in _POOLS:
+        _POOLS[dev] = torch.cuda.graph_pool_handle()
+    return _POOLS[dev]
+
+
+def draw(program, dims: tuple, rows: torch.Tensor, regime: torch.Tensor, seed: int, dev: torch.device) -> dict:
+    """program(rows, regime, generator seeded with `seed`, dims) on `dev` (case.graph_program: rows and regime are
+    its CPU inputs), replayed from a CUDA graph per dims on a CUDA device (GDN_FUZZ_GRAPHS=auto), else run eagerly.
+    Either way the tensors returned are the caller's own."""
+    g = None
+    if choice() != "off" and dev.type == "cuda":
+        g = _DRAWS.get((dims, str(dev)), lambda: _DrawGraph(program, dims, rows, regime, dev))
+    if g is None:
+        _DRAWS.stats.eager += 1
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        return program(rows.to(dev), regime.to(dev), gen, dims)
+    _DRAWS.stats.replays += 1
+    return g.run(rows, regime, seed)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gdn_fuzz import checks, graphs
-from gdn_fuzz.case import Case, Regime, Row
+from gdn_fuzz.case import BETAS, DECAYS, KEYS, Case, Regime, Row, graph_data, graph_dims, graph_program
 from gdn_fuzz.observation import observe
 from gdn_fuzz.targets import get_target
 
@@ -95,16 +95,74 @@ def test_a_graph_replays_for_the_next_case(fresh):
     assert (s.captures, s.replays, s.eager) == (1, 6 - graphs.CAPTURE_AT + 1, graphs.CAPTURE_AT - 1), s
 
 
+@st.composite
+def same_dims_cases(draw):
+    """One draw-graph key (case.graph_dims: arm, B, T, geometry, pool): the rows (pad rows, windows past 16 and 32,
+    negative cache_base), seeds and every regime field vary."""
+    slots = draw(st.permutations(range(6)))[:4]
+    rows = tuple(Row(s if draw(st.integers(0, 3)) else -1 - draw(st.integers(0, 2)), draw(st.integers(0, 40)),
+                     draw(st.integers(-40, 40))) for s in slots)
+    regime = Regime(decay=draw(st.sampled_from(DECAYS)), beta=draw(st.sampled_from(BETAS)),
+                    keys=draw(st.sampled_from(KEYS)), history=draw(st.sampled_from(("consistent", "free"))),
+                    poison=draw(st.booleans()), qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
+                    v_scale=draw(st.sampled_from((1.0, 1e-2))), state_scale=draw(st.sampled_from((0.1, 10.0))))
+    return Case(arm="bf16", T=4, H=2, HV=4, pool=6, rows=rows, seed=draw(st.integers(0, 2**64 - 1)), draws="graph",
+                regime=regime)
+
+
+def eager_draw(case):
+    rows, regime = graph_data(case)
+    gen = torch.Generator(device="cuda").manual_seed(case.seed)
+    return graph_program(rows.cuda(), regime.cuda(), gen, graph_dims(case))
+
+
 @cuda
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(same_dims_cases(), min_size=graphs.CAPTURE_AT + 2, max_size=graphs.CAPTURE_AT + 4))
+def test_a_draw_replay_gives_the_eager_bits(fresh, cases):
+    """materialize of draws="graph" cases of one key: the first sightings run the program eagerly, then one capture,
+    then replays with each case's seed, rows and regime; every tensor equals the program run eagerly from that
+    case's seed, bit for bit (a replay that kept a value of the captured case, or drew from another Philox offset,
+    would differ)."""
+    from gdn_fuzz.case import materialize
+
+    graphs.reset()
+    for case in cases:
+        got, want = materialize(case, "cuda"), eager_draw(case)
+        for k, v in want.items():
+            assert torch.equal(bits8(got[k]), bits8(v)), k
+    s = graphs.draw_stats()
+    assert not s.failed, s.failed
+    assert (s.captures, s.eager, s.replays) == (1, graphs.CAPTURE_AT - 1, len(cases) - graphs.CAPTURE_AT + 1), s
+
+
+def bits8(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def test_the_draw_program_reads_nothing_on_the_host():
+    """What makes case.graph_program capturable: no op in it reads a device value on the host or copies Python
+    data to the device (run on the CPU, where every tensor is a CPU tensor)."""
+    case = Case(arm="bf16", T=4, H=2, HV=4, pool=6, seed=3, draws="graph", regime=Regime(poison=True),
+                rows=(Row(2, 20, -3), Row(-1, 9, 30), Row(0, 40, 1)))
+    rows, regime = graph_data(case)
+    gen = torch.Generator().manual_seed(case.seed)
+    with _HostReads() as reads:
+        graph_program(rows, regime, gen, graph_dims(case))
+    assert not reads.seen, reads.seen
+
+
+@cuda
+@pytest.mark.parametrize("draws", ("cuda", "graph"))
 @pytest.mark.parametrize("name", ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one",
                                   "mutant:no_local_g_restart", "mutant:pad_rows_write"))
-def test_check_launch_same_with_and_without_graphs(fresh, monkeypatch, name):
+def test_check_launch_same_with_and_without_graphs(fresh, monkeypatch, name, draws):
     """Property strength unchanged: check_launch's findings and per-row metrics are the same with the check
     replayed from a graph (auto) and run eagerly (off), on the same observed launches (a launch of
     pad_rows_write is not deterministic: its pad row and a live row write one pool row, a torch index_put
     with a repeated index, whose winner may change from launch to launch)."""
     target = get_target(name)
-    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws="cuda", seed=s, rows=rows)
+    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws=draws, seed=s, rows=rows)
              for fm in (9, 3) for s in range(3)
              for rows in ((Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)),  # a pad row (pad_rows_write writes it)
                           (Row(2, 16, 20), Row(-1, 9, 30), Row(3, 3, 1)))]

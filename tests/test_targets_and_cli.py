@@ -12,6 +12,7 @@ event) what an example could not inspect.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -309,11 +310,15 @@ def test_cuda_drawn_cases_refuse_another_device_and_keep_their_draws():
     again = Case.from_dict(json.loads(case.to_json()))
     assert again == case and again.draws == "cuda"
     assert "draws" not in Case(**{**case.__dict__, "draws": "cpu"}).to_dict()
-    assert (draws_for("cpu"), draws_for("cuda"), draws_for("cuda:1")) == ("cpu", "cuda", "cuda")
+    assert (draws_for("cpu"), draws_for("cuda"), draws_for("cuda:1")) == ("cpu", "graph", "graph")
     from gdn_fuzz.engine.worker import resolve_draws
 
     assert [resolve_draws(d, dev) for d in ("auto", "device", "cpu") for dev in ("cpu", "cuda")] == \
-        ["cpu", "cuda", "cpu", "cuda", "cpu", "cpu"]
+        ["cpu", "graph", "cpu", "graph", "cpu", "cpu"]
+    graph = dataclasses.replace(case, draws="graph")  # the GPU campaign's default since issue 32: the same refusal
+    with pytest.raises(ValueError, match=r"case.draws='graph'.*CUDA generator.*--device cuda"):
+        materialize(graph, "cpu")
+    assert Case.from_dict(json.loads(graph.to_json())).draws == "graph"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: draws='cuda' cases materialize "

@@ -14,7 +14,8 @@
 # measure), g32table / g32camp / g32product (benchmarks/throughput.py's per-shape table, in-process campaign and
 # product command, this tree and, with BASE_TAR=.gpu/base.tar (`git archive BASE -o .gpu/base.tar`), the base
 # tree side by side), g32replay (the corpus replayed by both trees), g32mutants (the production mutant catalogue),
-# firstfind (seconds to the first finding on edited kernels from empty caches, base tree and this tree in turn).
+# firstfind (seconds to the first finding on edited kernels from empty caches, base tree and this tree in turn),
+# g32draws (materialize by the draw program replayed as a CUDA graph against draws=cuda, table and campaign).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -149,8 +150,9 @@ for step in "$@"; do
     g32tests)
       # issue 32: the comparison in the fused oracle's kernel and the CUDA-graph replay of the check, on the GPU
       need_bundle
-      timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py -p no:cacheprovider -q -rfEsx \
-        -k "cuda or graph or replay or same_with or static or eager or key" > "$R/$step.txt" 2>&1
+      timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py tests/test_draw_program.py \
+        -p no:cacheprovider -q -rfEsx -k "cuda or graph or replay or same_with or static or eager or key or draw" \
+        > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     g32table|g32table_*|g32camp|g32camp_*|g32product|g32product_*)
       # issue 32: this tree and the base tree (BASE_TAR, unpacked to /tmp/base) side by side in one run;
@@ -176,6 +178,20 @@ for step in "$@"; do
           benchmarks/throughput.py $args --json "$R/$step-base.json") > "$R/$step-base.txt" 2>&1
         echo "$step base rc=$?"; tail -n 4 "$R/$step-base.txt" | cut -c1-240
       fi ;;
+    g32draws|g32draws_*)
+      # issue 32: materialize by the draw program a CUDA graph replays (draws=graph, the GPU default since) against
+      # the draws=cuda path, one tree, in turn: the per-shape table, then the in-process campaign
+      need_bundle
+      for d in cuda graph; do
+        timeout 280 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 --H 16 --HV 64 \
+          --B 8 64 --T 4 --reps ${REPS:-5} --draws $d --json "$R/$step-table-$d.json" > "$R/$step-table-$d.txt" 2>&1
+        echo "$step table $d rc=$?"; tail -n 3 "$R/$step-table-$d.txt" | cut -c1-240
+      done
+      for d in cuda graph; do
+        timeout 200 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+          --campaign ${CAMP_S:-15} --draws $d --json "$R/$step-camp-$d.json" > "$R/$step-camp-$d.txt" 2>&1
+        echo "$step camp $d rc=$?"; grep "^campaign:" "$R/$step-camp-$d.txt" | cut -c1-240
+      done ;;
     g32tiling)
       # issue 32: GPU time of the fused oracle's kernel per (block_v, num_warps), measure and history, B 8 and 64
       need_bundle

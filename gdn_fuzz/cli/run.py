@@ -339,10 +339,10 @@ def add_parser(sub) -> None:
                    help="seconds after which a launch counts as a hang (isolated runs; default: 20 x the slowest "
                         "check so far, at least 30 s, never past the budget left)")
     r.add_argument("--draws", choices=("auto", "cpu", "device"), default="auto",
-                   help="how drawn Cases make their bulk tensors (pool, rings, history; Case.draws): auto (default) "
-                        "and device: with torch's CUDA generator on a CUDA device (draws='cuda': no large CPU draw or "
-                        "copy; such a case replays on a CUDA device only), else the CPU generator; cpu: always the "
-                        "CPU generator (the same bits on every device)")
+                   help="how drawn Cases make their values (Case.draws): auto (default) and device: with torch's "
+                        "CUDA generator on a CUDA device, by one program a CUDA graph replays (draws='graph': no CPU "
+                        "draw or large copy; such a case replays on a CUDA device only), else the CPU generator; "
+                        "cpu: always the CPU generator (the same bits on every device)")
     r.add_argument("--torch-threads", type=int, default=int(os.environ["GDN_FUZZ_TORCH_THREADS"])
                    if os.environ.get("GDN_FUZZ_TORCH_THREADS") else None,
                    help="torch intra-op threads of the process that runs the checks (the isolated worker, or this "

@@ -304,7 +304,7 @@ class Campaign:
         workers, or in this process."""
         if self._worker is not None:
             return self._worker.graph_counts
-        return graphs.stats().counts()
+        return graphs.counts()
 
     def worker_startups(self) -> list[dict]:
         """Worker.startups of the isolated worker (every process it started), or [] without isolation."""

@@ -293,7 +293,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             return
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
-                        graphs=graphs.stats().counts(), oracle=None if prep is None else prep.report()),
+                        graphs=graphs.counts(), oracle=None if prep is None else prep.report()),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
