@@ -543,12 +543,13 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
 # history and poison); the values are this program's own.
 
 GRAPH_REGIME = ("qk_scale", "v_scale", "state_scale", "A_low", "A_high", "a_mu", "b_mu", "near_dup", "zero_norm",
-                "free", "poison")
+                "free")
 
 
 def graph_dims(case: Case) -> tuple:
-    """What the draw program's shapes depend on: its graph key (gdn_fuzz.graphs.draw)."""
-    return case.arm, case.B, case.T, case.H, case.HV, case.K, case.V, case.pool
+    """What the draw program's shapes depend on, and the poison (without it the program skips four passes over the
+    pool and rings): its graph key (gdn_fuzz.graphs.draw)."""
+    return case.arm, case.B, case.T, case.H, case.HV, case.K, case.V, case.pool, case.regime.poison
 
 
 def graph_data(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -566,7 +567,7 @@ def graph_data(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
                          [r.cache_base for r in case.rows]], dtype=torch.int32)
     lo, hi, a_mu = DECAY_DRAWS[reg.decay]
     regime = torch.tensor([reg.qk_scale, reg.v_scale, reg.state_scale, lo, hi, a_mu, BETA_MU[reg.beta],
-                           reg.keys == "near_dup", reg.keys == "zero_norm", reg.history == "free", reg.poison],
+                           reg.keys == "near_dup", reg.keys == "zero_norm", reg.history == "free"],
                           dtype=torch.float32)
     return rows, regime
 
@@ -592,11 +593,11 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
                checkpoint; free: random), the others to a scratch pool row past the last, cut off
       poison   NaN outside the windows of the rows' pool rows and in pool rows no real row uses (R1)
     """
-    arm_name, B, T, H, HV, K, V, NP = dims
+    arm_name, B, T, H, HV, K, V, NP, poison = dims
     arm = get_arm(arm_name)
     dev = gen.device
     qk, vs, ss, A_lo, A_hi, a_mu, b_mu = regime[:7].unbind(0)
-    near_dup, zero_norm, free, poison = (regime[7:] != 0).unbind(0)
+    near_dup, zero_norm, free = (regime[7:] != 0).unbind(0)
 
     def randn(*shape):
         return torch.randn(shape, generator=gen, device=dev)
@@ -644,15 +645,16 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     u_buf.permute(0, 2, 1, 3)[to, s] = U.float()
     g_buf.permute(0, 2, 1)[to, s] = Gc.float()
 
-    to, s = window(RING_SLOTS)  # a window past 32 records keeps every slot
-    true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `t[i] = True` would copy one from the host
-    keep = torch.zeros(NP + 1, RING_SLOTS, dtype=torch.bool, device=dev).index_put_((to, s), true)
-    used = torch.zeros(NP + 1, dtype=torch.bool, device=dev).index_put_((torch.where(real, slot, NP),), true)
-    nan = float("nan")
-    pool = torch.where(poison & ~used[:NP, None, None, None], nan, pool)
-    k_buf = torch.where(poison & ~keep[:, None, :, None], nan, k_buf)
-    u_buf = torch.where(poison & ~keep[:, None, :, None], nan, u_buf)
-    g_buf = torch.where(poison & ~keep[:, None, :], nan, g_buf)
+    if poison:
+        to, s = window(RING_SLOTS)  # a window past 32 records keeps every slot
+        true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `t[i] = True` copies one from the host
+        keep = torch.zeros(NP + 1, RING_SLOTS, dtype=torch.bool, device=dev).index_put_((to, s), true)
+        used = torch.zeros(NP + 1, dtype=torch.bool, device=dev).index_put_((torch.where(real, slot, NP),), true)
+        nan = float("nan")
+        pool = pool.masked_fill(~used[:NP, None, None, None], nan)
+        k_buf = k_buf.masked_fill(~keep[:, None, :, None], nan)
+        u_buf = u_buf.masked_fill(~keep[:, None, :, None], nan)
+        g_buf = g_buf.masked_fill(~keep[:, None, :], nan)
     return dict(
         A_log=A_io, dt_bias=dt_io, a=a.to(arm.io), b=b.to(arm.io),
         q=q.to(arm.io), k=k.to(arm.io), v=v.to(arm.io),

@@ -96,15 +96,15 @@ def test_a_graph_replays_for_the_next_case(fresh):
 
 
 @st.composite
-def same_dims_cases(draw):
-    """One draw-graph key (case.graph_dims: arm, B, T, geometry, pool): the rows (pad rows, windows past 16 and 32,
-    negative cache_base), seeds and every regime field vary."""
+def same_dims_cases(draw, poison: bool):
+    """One draw-graph key (case.graph_dims: arm, B, T, geometry, pool, poison): the rows (pad rows, windows past 16
+    and 32, negative cache_base), seeds and every other regime field vary."""
     slots = draw(st.permutations(range(6)))[:4]
     rows = tuple(Row(s if draw(st.integers(0, 3)) else -1 - draw(st.integers(0, 2)), draw(st.integers(0, 40)),
                      draw(st.integers(-40, 40))) for s in slots)
     regime = Regime(decay=draw(st.sampled_from(DECAYS)), beta=draw(st.sampled_from(BETAS)),
                     keys=draw(st.sampled_from(KEYS)), history=draw(st.sampled_from(("consistent", "free"))),
-                    poison=draw(st.booleans()), qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
+                    poison=poison, qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
                     v_scale=draw(st.sampled_from((1.0, 1e-2))), state_scale=draw(st.sampled_from((0.1, 10.0))))
     return Case(arm="bf16", T=4, H=2, HV=4, pool=6, rows=rows, seed=draw(st.integers(0, 2**64 - 1)), draws="graph",
                 regime=regime)
@@ -118,7 +118,8 @@ def eager_draw(case):
 
 @cuda
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cases=st.lists(same_dims_cases(), min_size=graphs.CAPTURE_AT + 2, max_size=graphs.CAPTURE_AT + 4))
+@given(cases=st.booleans().flatmap(lambda poison: st.lists(same_dims_cases(poison), min_size=graphs.CAPTURE_AT + 2,
+                                                            max_size=graphs.CAPTURE_AT + 4)))
 def test_a_draw_replay_gives_the_eager_bits(fresh, cases):
     """materialize of draws="graph" cases of one key: the first sightings run the program eagerly, then one capture,
     then replays with each case's seed, rows and regime; every tensor equals the program run eagerly from that
