@@ -546,10 +546,20 @@ GRAPH_REGIME = ("qk_scale", "v_scale", "state_scale", "A_low", "A_high", "a_mu",
                 "free")
 
 
+GRAPH_POOL_STEP = 8  # the draw program draws the pool and rings at graph_pool_rows(pool) rows: one key per 8 sizes
+GRAPH_POOL_MIN = 16  # (a campaign's small pools, a bucket of 4 or 8 rows + up to 6 spare, share one key)
+
+
+def graph_pool_rows(pool: int) -> int:
+    """The rows the draw program draws the pool and rings at, for a case of `pool` slots (the first `pool` are
+    the case's): pool rounded up to a multiple of GRAPH_POOL_STEP, at least GRAPH_POOL_MIN."""
+    return max(GRAPH_POOL_MIN, -(-int(pool) // GRAPH_POOL_STEP) * GRAPH_POOL_STEP)
+
+
 def graph_dims(case: Case) -> tuple:
     """What the draw program's shapes depend on, and the poison (without it the program skips four passes over the
     pool and rings): its graph key (gdn_fuzz.graphs.draw)."""
-    return case.arm, case.B, case.T, case.H, case.HV, case.K, case.V, case.pool, case.regime.poison
+    return case.arm, case.B, case.T, case.H, case.HV, case.K, case.V, graph_pool_rows(case.pool), case.regime.poison
 
 
 def graph_data(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -582,18 +592,19 @@ def _graph_keys(k, near_dup, zero_norm):
 
 
 def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator, dims: tuple) -> dict:
-    """The tensors of one launch (materialize()'s, less flush_min and restart_hist_on_flush), from `gen` and the
-    device data of graph_data(), on gen's device.  No host synchronization and no shape that depends on a value,
+    """The tensors of one launch (materialize()'s, less flush_min and restart_hist_on_flush; the pool and rings at
+    graph_pool_rows(pool) rows), from `gen` and the device data of graph_data(), on gen's device.  No host synchronization and no shape that depends on a value,
     so a CUDA graph captures it.
 
       tokens   q, k, v ~ N(0, 1) scaled as the regime says, A_log, dt_bias, a, b as decay_params and _beta_logits
       pool     N(0, state_scale^2); rings: normalized random keys, random updates, decreasing G (garbage)
+               (drawn at graph_pool_rows(pool) rows, the first `pool` kept)
       windows  every row's 16 history tokens are drawn, pad rows' too; the records j < hist_len of a real row go
                to ring slot (cache_base + j) & 31 of its pool row (consistent: the float64 recurrence from its
                checkpoint; free: random), the others to a scratch pool row past the last, cut off
       poison   NaN outside the windows of the rows' pool rows and in pool rows no real row uses (R1)
     """
-    arm_name, B, T, H, HV, K, V, NP, poison = dims
+    arm_name, B, T, H, HV, K, V, R, poison = dims
     arm = get_arm(arm_name)
     dev = gen.device
     qk, vs, ss, A_lo, A_hi, a_mu, b_mu = regime[:7].unbind(0)
@@ -609,11 +620,12 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     dt_bias = randn(HV) * 0.5
     a = a_mu + randn(B, T, HV)
     b = b_mu + randn(B, T, HV) * 1.5
-    pool = randn(NP, HV, V, K) * ss
-    # one scratch row past the pool: where the records of rows that write none go
-    k_buf = gdn_oracle.l2norm(randn(NP + 1, H, RING_SLOTS, K)).float()
-    u_buf = randn(NP + 1, HV, RING_SLOTS, V) * vs
-    g_buf = -torch.rand(NP + 1, HV, RING_SLOTS, generator=gen, device=dev) * 4.0
+    # R = graph_pool_rows(pool) rows (materialize keeps the first `pool`), and a scratch row past them, where the
+    # records of rows that write none go
+    pool = randn(R, HV, V, K) * ss
+    k_buf = gdn_oracle.l2norm(randn(R + 1, H, RING_SLOTS, K)).float()
+    u_buf = randn(R + 1, HV, RING_SLOTS, V) * vs
+    g_buf = -torch.rand(R + 1, HV, RING_SLOTS, generator=gen, device=dev) * 4.0
     hk = _graph_keys(randn(B, W_RING, H, K), near_dup, zero_norm) * qk
     hv = randn(B, W_RING, HV, V) * vs
     ha = a_mu + randn(B, W_RING, HV)
@@ -638,7 +650,7 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     def window(n):  # ring slots of records j < n, and the pool row each goes to (NP: the scratch row)
         j = torch.arange(n, device=dev)
         inside = real[:, None] & (j[None, :] < P[:, None])
-        return torch.where(inside, at[:, None], NP), (base[:, None] + j[None, :]) & (RING_SLOTS - 1)
+        return torch.where(inside, at[:, None], R), (base[:, None] + j[None, :]) & (RING_SLOTS - 1)
 
     to, s = window(W_RING)
     k_buf.permute(0, 2, 1, 3)[to, s] = kw.float()
@@ -648,10 +660,10 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     if poison:
         to, s = window(RING_SLOTS)  # a window past 32 records keeps every slot
         true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `t[i] = True` copies one from the host
-        keep = torch.zeros(NP + 1, RING_SLOTS, dtype=torch.bool, device=dev).index_put_((to, s), true)
-        used = torch.zeros(NP + 1, dtype=torch.bool, device=dev).index_put_((torch.where(real, slot, NP),), true)
+        keep = torch.zeros(R + 1, RING_SLOTS, dtype=torch.bool, device=dev).index_put_((to, s), true)
+        used = torch.zeros(R + 1, dtype=torch.bool, device=dev).index_put_((torch.where(real, slot, R),), true)
         nan = float("nan")
-        pool = pool.masked_fill(~used[:NP, None, None, None], nan)
+        pool = pool.masked_fill(~used[:R, None, None, None], nan)
         k_buf = k_buf.masked_fill(~keep[:, None, :, None], nan)
         u_buf = u_buf.masked_fill(~keep[:, None, :, None], nan)
         g_buf = g_buf.masked_fill(~keep[:, None, :], nan)
@@ -659,7 +671,7 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
         A_log=A_io, dt_bias=dt_io, a=a.to(arm.io), b=b.to(arm.io),
         q=q.to(arm.io), k=k.to(arm.io), v=v.to(arm.io),
         initial_state_source=pool.to(arm.state), initial_state_indices=rows[0],
-        k_cache=k_buf[:NP].to(arm.ring), u_cache=u_buf[:NP].to(arm.ring), g_cache=g_buf[:NP],
+        k_cache=k_buf[:R].to(arm.ring), u_cache=u_buf[:R].to(arm.ring), g_cache=g_buf[:R],
         hist_len=rows[1], cache_base=rows[2],
     )
 
@@ -670,7 +682,7 @@ def _materialize_graph(case: Case, dev: torch.device) -> dict:
     from gdn_fuzz import graphs  # graphs imports nothing of this module's; lazily, for the import time of --help
 
     rows, regime = graph_data(case)
-    out = graphs.draw(graph_program, graph_dims(case), rows, regime, case.seed, dev)
+    out = graphs.draw(graph_program, graph_dims(case), rows, regime, case.seed, dev, pool=case.pool)
     return dict(out, flush_min=case.flush_min, restart_hist_on_flush=case.restart_hist_on_flush)
 
 

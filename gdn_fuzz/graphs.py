@@ -28,7 +28,8 @@ rest of the process (stats().failed names why); the check's result never depends
 
 The draw program (draw()): materialize() of a draws="graph" case (the GPU campaign's default) is
 case.graph_program, a function of fixed shapes of the case's seed, rows and regime, with no host round trip.
-It is captured per graph_dims (arm, B, T, geometry, pool) at the CAPTURE_AT-th sighting, with its own
+It is captured per graph_dims (arm, B, T, geometry, the pool rounded up by case.graph_pool_rows, poison) at the
+CAPTURE_AT-th sighting, with its own
 generator registered with the graph (torch's graph-safe Philox state: a replay after manual_seed(seed) draws
 what an eager run from that seed draws), and replayed with the next case's data; its outputs are cloned, so
 the caller owns them.  The draw graphs share one memory pool per device and keep at most MAX_DRAW_BYTES of
@@ -304,12 +305,17 @@ class _DrawGraph:
             self.out = program(self.rows, self.regime, self.gen, dims)
         self.nbytes = sum(t.untyped_storage().nbytes() for t in self.out.values())
 
-    def run(self, rows: torch.Tensor, regime: torch.Tensor, seed: int) -> dict:
+    def run(self, rows: torch.Tensor, regime: torch.Tensor, seed: int, pool: int) -> dict:
         self.rows.copy_(rows)
         self.regime.copy_(regime)
         self.gen.manual_seed(seed)
         self.graph.replay()
-        return {k: v.clone() for k, v in self.out.items()}
+        return _owned(self.out, pool)
+
+
+def _owned(out: dict, pool: int) -> dict:
+    """The draw program's outputs as the caller's own tensors, the pool-indexed ones cut to `pool` rows."""
+    return {k: (v[:pool] if k in POOL_BUFFERS else v).clone() for k, v in out.items()}
 
 
 _POOLS: dict = {}
@@ -323,16 +329,17 @@ def _draw_pool(dev: torch.device):
     return _POOLS[dev]
 
 
-def draw(program, dims: tuple, rows: torch.Tensor, regime: torch.Tensor, seed: int, dev: torch.device) -> dict:
+def draw(program, dims: tuple, rows: torch.Tensor, regime: torch.Tensor, seed: int, dev: torch.device,
+         pool: int) -> dict:
     """program(rows, regime, generator seeded with `seed`, dims) on `dev` (case.graph_program: rows and regime are
-    its CPU inputs), replayed from a CUDA graph per dims on a CUDA device (GDN_FUZZ_GRAPHS=auto), else run eagerly.
-    Either way the tensors returned are the caller's own."""
+    its CPU inputs), replayed from a CUDA graph per dims on a CUDA device (GDN_FUZZ_GRAPHS=auto), else run eagerly;
+    the pool-indexed outputs cut to their first `pool` rows.  Either way the tensors returned are the caller's own."""
     g = None
     if choice() != "off" and dev.type == "cuda":
         g = _DRAWS.get((dims, str(dev)), lambda: _DrawGraph(program, dims, rows, regime, dev))
     if g is None:
         _DRAWS.stats.eager += 1
         gen = torch.Generator(device=dev).manual_seed(seed)
-        return program(rows.to(dev), regime.to(dev), gen, dims)
+        return _owned(program(rows.to(dev), regime.to(dev), gen, dims), pool)
     _DRAWS.stats.replays += 1
-    return g.run(rows, regime, seed)
+    return g.run(rows, regime, seed, pool)

@@ -11,7 +11,9 @@ own, so these tests check what materialize() promises of any mode, against defin
 * with regime.poison, NaN exactly where case._poison (the other modes' code) puts it (R1);
 * the regimes: zero_norm keys are zero at tokens 1 and T-1, near_dup keys within 1e-3 of token 0's, the decay's
   A = e^{A_log} inside its range, beta exactly 0 or 1 in float32 for the zero / one regimes;
-* a seed gives the same bits twice and another seed other values; graph_data refuses an unknown regime name.
+* a seed gives the same bits twice and another seed other values; graph_data refuses an unknown regime name;
+* the pool and rings are drawn at graph_pool_rows(pool) rows, so a case's pool rows are those of the same case on
+  a larger pool of the same rounded size (one graph per rounded size).
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdn_fuzz import case as case_mod
+from gdn_fuzz import graphs
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import (BETAS, DECAY_DRAWS, DECAYS, KEYS, RING_SLOTS, W_RING, Case, Regime, Row, graph_data,
-                           graph_dims, graph_program, materialize)
+                           graph_dims, graph_pool_rows, graph_program, materialize)
 
 
 def run(case: Case, device: str = "cpu") -> dict:
     """graph_program of `case`, eagerly, from a generator on `device` seeded with case.seed."""
     rows, regime = graph_data(case)
     gen = torch.Generator(device=device).manual_seed(case.seed)
-    return graph_program(rows.to(device), regime.to(device), gen, graph_dims(case))
+    return graphs._owned(graph_program(rows.to(device), regime.to(device), gen, graph_dims(case)), case.pool)
 
 
 @st.composite
@@ -139,3 +142,18 @@ def test_regimes():
         assert bool((torch.sigmoid(b.float()) == want).all()), beta
     with pytest.raises(ValueError, match=r"regime.keys='odd'; use one of"):
         graph_data(dataclasses.replace(base, regime=Regime(keys="odd")))
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_cases(), st.integers(0, 9))
+def test_pools_of_one_rounded_size_draw_the_same_rows(case, more):
+    """Every pool of graph_pool_rows(pool) rows shares one draw graph: the first `pool` rows of a larger pool of the
+    same rounded size hold the same values (poison apart: a row no real row uses is NaN in both)."""
+    big = dataclasses.replace(case, pool=min(case.pool + more, graph_pool_rows(case.pool)))
+    assert graph_dims(big) == graph_dims(case)
+    a, b = run(case), run(big)
+    for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
+        assert b[name].shape[0] == big.pool
+        assert same_bits(a[name], b[name][:case.pool]), name
+    assert all(same_bits(a[k], b[k]) for k in a if k not in ("initial_state_source", "k_cache", "u_cache", "g_cache"))
+    assert graph_pool_rows(1) == graph_pool_rows(16) == 16 and graph_pool_rows(17) == 24 and graph_pool_rows(70) == 72

@@ -97,23 +97,24 @@ def test_a_graph_replays_for_the_next_case(fresh):
 
 @st.composite
 def same_dims_cases(draw, poison: bool):
-    """One draw-graph key (case.graph_dims: arm, B, T, geometry, pool, poison): the rows (pad rows, windows past 16
-    and 32, negative cache_base), seeds and every other regime field vary."""
-    slots = draw(st.permutations(range(6)))[:4]
+    """One draw-graph key (case.graph_dims: arm, B, T, geometry, rounded pool, poison): the pool (6-16 slots), rows
+    (pad rows, windows past 16 and 32, negative cache_base), seeds and every other regime field vary."""
+    pool = draw(st.integers(6, 16))  # one rounded pool size (case.graph_pool_rows): one key
+    slots = draw(st.permutations(range(pool)))[:4]
     rows = tuple(Row(s if draw(st.integers(0, 3)) else -1 - draw(st.integers(0, 2)), draw(st.integers(0, 40)),
                      draw(st.integers(-40, 40))) for s in slots)
     regime = Regime(decay=draw(st.sampled_from(DECAYS)), beta=draw(st.sampled_from(BETAS)),
                     keys=draw(st.sampled_from(KEYS)), history=draw(st.sampled_from(("consistent", "free"))),
                     poison=poison, qk_scale=draw(st.sampled_from((1.0, 1e-3, 30.0))),
                     v_scale=draw(st.sampled_from((1.0, 1e-2))), state_scale=draw(st.sampled_from((0.1, 10.0))))
-    return Case(arm="bf16", T=4, H=2, HV=4, pool=6, rows=rows, seed=draw(st.integers(0, 2**64 - 1)), draws="graph",
+    return Case(arm="bf16", T=4, H=2, HV=4, pool=pool, rows=rows, seed=draw(st.integers(0, 2**64 - 1)), draws="graph",
                 regime=regime)
 
 
 def eager_draw(case):
     rows, regime = graph_data(case)
     gen = torch.Generator(device="cuda").manual_seed(case.seed)
-    return graph_program(rows.cuda(), regime.cuda(), gen, graph_dims(case))
+    return graphs._owned(graph_program(rows.cuda(), regime.cuda(), gen, graph_dims(case)), case.pool)
 
 
 @cuda

@@ -182,7 +182,7 @@ for step in "$@"; do
       # issue 32: materialize by the draw program a CUDA graph replays (draws=graph, the GPU default since) against
       # the draws=cuda path, one tree, in turn: the per-shape table, then the in-process campaign
       need_bundle
-      for d in cuda graph; do
+      for d in ${TABLE_DRAWS-cuda graph}; do  # TABLE_DRAWS="": the campaigns only
         timeout 280 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 --H 16 --HV 64 \
           --B 8 64 --T 4 --reps ${REPS:-5} --draws $d --json "$R/$step-table-$d.json" > "$R/$step-table-$d.txt" 2>&1
         echo "$step table $d rc=$?"; tail -n 3 "$R/$step-table-$d.txt" | cut -c1-240
