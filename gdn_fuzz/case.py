@@ -6,12 +6,13 @@ moves them to the target's device, so the same Case gives the same bits everywhe
 A Case is what a failure prints, what the corpus stores and what `gdn-fuzz replay` re-runs.
 
 Speed (issues 10 and 17): the float64 history recurrence that fills consistent windows runs
-on the target's device (see `materialize`).  Cases with draws="cuda" (the default of
-`gdn-fuzz run` on a CUDA device) draw their bulk tensors (pool, rings, history tokens and the
-launch's q, k, v) with torch's counter-based CUDA generator (Philox) seeded by the case's seed,
-on the device: no CPU-side tensor larger than the gates ([B, T, HV]).  Their bits are those of that generator, so
-such a case replays on a CUDA device only (materialize refuses another device, saying so);
-see Case.draws.
+on the target's device (see `materialize`).  Cases with draws="cuda" draw their bulk tensors (pool,
+rings, history tokens and the launch's q, k, v) with torch's counter-based CUDA generator (Philox)
+seeded by the case's seed, on the device: no CPU-side tensor larger than the gates ([B, T, HV]).
+Cases with draws="graph" (the default of `gdn-fuzz run` on a CUDA device since issue 32) draw every
+value there, by one program of fixed shapes (graph_program) that gdn_fuzz.graphs replays as a CUDA
+graph.  The bits of both are those of that generator, so such a case replays on a CUDA device only
+(materialize refuses another device, saying so); see Case.draws.
 """
 
 from __future__ import annotations

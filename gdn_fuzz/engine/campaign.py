@@ -26,9 +26,9 @@ example was seen (campaign seconds, examples before it) and how long shrinking t
 warm_up() (optional, before run()) launches one legal Case per (arm, T, geometry, bucket)
 so that every JIT compile is paid outside the measured time; it restarts the clock and
 reports its own seconds and compiles (stats.warmup_s, stats.warmup_compiles).
-draws="cuda" (what `gdn-fuzz run` passes on a CUDA device) makes every drawn Case draw its bulk
-tensors with the CUDA generator (Case.draws: fast on a GPU; such a case replays on CUDA only); the
-default "cpu" keeps device-independent bits.
+draws="graph" (what `gdn-fuzz run` passes on a CUDA device) makes every drawn Case draw its values
+with the CUDA generator, by the draw program a CUDA graph replays (Case.draws: fast on a GPU; such a
+case replays on CUDA only); the default "cpu" keeps device-independent bits.
 
 seeds_per_example=K (issue 17): each Hypothesis example draws one structure (geometry, arm,
 rows, cursors, regime: the costly part of a draw) and the body checks it with K value seeds,
@@ -241,7 +241,7 @@ class Campaign:
     record_path: object = None  # JSON lines: one record per example (coverage and errors, for `report`); a path, or
     # an object with write() and flush() (a fleet worker streams the lines to its driver: gdn_fuzz.engine.worker)
     stop_on_finding: bool = False  # end the campaign at its first finding (mutation tests)
-    draws: str = "cpu"  # Case.draws of every drawn case ("cuda": bulk tensors from the CUDA generator)
+    draws: str = "cpu"  # Case.draws of every drawn case ("graph": every value from the CUDA generator)
     known: dict = field(default_factory=dict)  # signature -> corpus entry name: expected outcomes
     launch_timeout_s: float | None = None  # isolated checks: a fixed hang timeout (None: derived, see _check)
     torch_threads: int | None = None  # torch intra-op threads of the process that checks (None: torch's default)
