@@ -269,17 +269,23 @@ def check_clause(signature: str) -> str:
     return sym[:sym.index("]") + 1] if "]" in sym else sym
 
 
-def group_findings(records: list[dict]) -> list[dict]:
+_CLAUSE = "\x00clause "  # group_findings' nodes for a check and clause (no signature starts with NUL)
+
+
+def group_findings(records: list[dict], shown: bool = True) -> list[dict]:
     """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
     showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
     are the same case, or when they are one check of one clause (check_clause(): on launches of two properties, on
     flush and on verify rows, out of tolerance and non-finite; a legal launch that raised one exception, under any
-    property).  The groups are the connected components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
+    property) -- counting every signature a shrunk launch showed, not only those filed as findings (the two
+    shrunk launches of a broken anchor, one flush row and one verify row, both break oracle.u [M5]).  The groups are the connected components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
     launch: one group, three symptoms; oracle.u [M5] on flush rows and on verify rows: one group).  The last link
     can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.
 
     records: CampaignFinding.to_record() dicts (signature, case, launch_signatures; a record without
-    launch_signatures links only through its case).  Returns one dict per group, largest first: `symptoms`, the
+    launch_signatures links only through its case and its own check and clause).  shown=False: the rule before
+    issue 33's last part, which linked through the launch only the signatures filed as findings (the grouping
+    study compares the two).  Returns one dict per group, largest first: `symptoms`, the
     signatures, most specific first (the one whose shrunk launch showed the fewest other signatures of the run, then
     the smallest shrunk case, then by name), `headline` (the first) and `records` (the same order).  Grouping is
     presentation only: every signature stays a finding of its own (its own corpus entry and exit status)."""
@@ -298,16 +304,16 @@ def group_findings(records: list[dict]) -> list[dict]:
             parent[max(ra, rb)] = min(ra, rb)
 
     by_case: dict[str, str] = {}
-    by_symptom: dict[str, str] = {}
     for s, r in recs.items():
-        sym = check_clause(s)
-        if sym in by_symptom:
-            link(s, by_symptom[sym])
-        else:
-            by_symptom[sym] = s
-        for other in r.get("launch_signatures") or ():
-            if other in recs:
-                link(s, other)
+        # every signature a shrunk launch showed counts as a symptom of that launch's bug, a finding or not: its
+        # check and clause joins the finding to any other whose launch showed the same (the third link above,
+        # through the launch: oracle.fold on flush rows and oracle.g on verify rows join when both launches
+        # also broke oracle.u [M5]).  shown=False: only the launch's signatures that are findings
+        others = r.get("launch_signatures") or ()
+        for x in (s, *(others if shown else [o for o in others if o in recs])):
+            clause = _CLAUSE + check_clause(x)
+            parent.setdefault(clause, clause)
+            link(s, clause)
         key = repr(sorted((r.get("case") or {}).items()))
         if key in by_case:
             link(s, by_case[key])
@@ -315,7 +321,7 @@ def group_findings(records: list[dict]) -> list[dict]:
             by_case[key] = s
     members: dict[str, list[str]] = {}
     for s in recs:
-        members.setdefault(root(s), []).append(s)
+        members.setdefault(root(s), []).append(s)  # the clause nodes are not findings: only signatures listed
 
     def specific(s):
         shown = [x for x in recs[s].get("launch_signatures") or () if x in recs and x != s]
@@ -329,8 +335,8 @@ def group_findings(records: list[dict]) -> list[dict]:
     return groups
 
 
-GROUPING_RULE = ("symptoms that share a shrunk launch, or of one check and clause (on other rows, under another "
-                 "property, failing otherwise), are one bug")  # what group_findings links, in words
+GROUPING_RULE = ("symptoms that share a shrunk launch, or that are, or whose shrunk launches showed, one check and "
+                 "clause (on other rows, under another property, failing otherwise), are one bug")  # group_findings' links
 
 
 def groups_record(groups: list[dict]) -> list[dict]:

@@ -57,6 +57,21 @@ def test_one_shrunk_case_and_one_check_under_two_properties_link():
     assert symptom("metamorphic.strided_pool.launch [H*] raised RuntimeError: x").startswith("metamorphic.")
 
 
+def test_a_check_both_shrunk_launches_showed_links_them_even_when_neither_filed_it():
+    """anchor_off_by_one's two findings (the CPU grouping study): fold on a flush row and g on a verify row, whose
+    shrunk launches both broke oracle.u [M5], on their own rows.  oracle.u was not filed (each launch's first
+    signature was), yet it is one check of one clause on both launches: one group.  The rule before (shown=False)
+    read two; a launch that showed nothing of the other's stays apart under both."""
+    fold, g = "oracle.fold [M7] non-finite (flush rows)", "oracle.g [M6] non-finite (verify rows)"
+    u_flush, u_verify = "oracle.u [M5] non-finite (flush rows)", "oracle.u [M5] non-finite (verify rows)"
+    other = "oracle.k [M5] out of tolerance (verify rows)"
+    recs = [rec(fold, ONE_ROW, [fold, u_flush]), rec(g, dict(ONE_ROW, seed=2), [g, u_verify]),
+            rec(other, dict(ONE_ROW, seed=3), [other])]
+    assert sorted(sorted(x["symptoms"]) for x in group_findings(recs)) == sorted([[other], sorted([fold, g])])
+    assert len(group_findings(recs, shown=False)) == 3
+    assert all(len(x["symptoms"]) == 1 for x in group_findings(recs, shown=False))
+
+
 def test_the_last_line_counts_bugs_and_symptoms():
     y, u = "oracle.y [M4] out of tolerance (flush rows)", "oracle.u [M5] out of tolerance (flush rows)"
     g = "guard.H11 [H11] wrong value"
@@ -81,3 +96,20 @@ def test_a_campaign_on_a_one_edit_mutant_prints_and_records_its_groups(tmp_path)
     n = len(rec_["groups"])
     last = [ln for ln in p.stdout.splitlines() if ln.startswith("new: ")]  # the line, wrapped to the width
     assert last and last[-1].startswith(f"new: {n} bug{'s' if n != 1 else ''}, {len(sigs)} symptom"), p.stdout[-2000:]
+
+
+def test_the_pair_study_picks_unrelated_one_group_mutants_and_counts_a_merge():
+    """studies.grouping --pairs: a pair is two mutants that read as one group alone and share no check and clause;
+    a pair's group is merged when it holds a symptom only one mutant showed and one only the other showed."""
+    from gdn_fuzz.studies.grouping import judge, pick_pairs
+
+    fold, g, u = ("oracle.fold [M7] out of tolerance (flush rows)", "oracle.g [M6] out of tolerance (flush rows)",
+                  "oracle.u [M5] out of tolerance (verify rows)")
+    one = lambda name, sig: dict(name=name, signatures=[sig], findings=[rec(sig, ONE_ROW)])  # noqa: E731
+    single = [one("a", fold), one("b", g), one("c", fold), one("d", u)]
+    assert [(x["name"], y["name"]) for x, y in pick_pairs(single, 5)] == [("a", "b"), ("c", "d")]
+    a, b = single[0], single[1]
+    apart = [rec(fold, ONE_ROW), rec(g, dict(ONE_ROW, seed=2))]
+    joined = [rec(fold, ONE_ROW, [fold, g]), rec(g, dict(ONE_ROW, seed=2))]
+    assert judge(apart, a, b, True) | {"headlines": None} == dict(groups=2, merged=0, headlines=None)
+    assert judge(joined, a, b, True) | {"headlines": None} == dict(groups=1, merged=1, headlines=None)

@@ -277,3 +277,23 @@ def test_batch_scale_mutant_needs_the_large_buckets(bucket):
     results, so its kill in test_kill_rate_no_regression comes from the buckets >= 64."""
     case = dataclasses.replace(CASES["b64"], rows=CASES["b64"].rows[:bucket], pool=40)
     assert get_property("launch").check(get_target("mutant:tile32_no_offset"), case, "cpu") == []
+
+
+def test_two_mutants_planted_in_one_file():
+    """mutant:A+B (the grouping study's pairs): both edits applied in turn, the source then differs from the base on
+    exactly the two edited lines; two edits of one line, or of two bases, are refused naming the fix."""
+    from gdn_fuzz.targets.mutants import apply, base_path, get_mutant
+
+    m = get_mutant("fold_skipped+head_map_mod")
+    a, b = CATALOGUE["fold_skipped"], CATALOGUE["head_map_mod"]
+    src = base_path(a).read_text()
+    out = apply(m, src)
+    assert out == src.replace(a.old, a.new).replace(b.old, b.new) and a.new in out and b.new in out
+    assert not m.scored and m.clause == f"{a.clause},{b.clause}"
+    assert str(get_target("mutant:fold_skipped+head_map_mod").path).endswith(".py")
+    with pytest.raises(ValueError, match=r"each of its edits must match .* exactly once.*combine edits that touch"):
+        apply(get_mutant("fold_skipped+fold_to_batch_row"), src)  # one line, edited twice
+    with pytest.raises(ValueError, match=r"combines edits of different bases"):
+        get_mutant("fold_skipped+prod_anchor_lane_p")
+    with pytest.raises(ValueError, match=r"mutant='nope' is not in the catalogue.*joined by '\+'"):
+        get_mutant("fold_skipped+nope")

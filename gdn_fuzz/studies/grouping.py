@@ -7,6 +7,13 @@ campaign's new signatures are what a reader saw before grouping, its groups what
 
     python -m gdn_fuzz.studies.grouping --seconds 15 --json docs/grouping-cpu.json
     python -m gdn_fuzz.studies.grouping --regroup docs/grouping-cpu.json --json regrouped.json   # a new rule, same runs
+    python -m gdn_fuzz.studies.grouping --pairs 12 --pairs-from docs/grouping-cpu.json --json pairs.json
+
+The other side (--pairs N): grouping must not read two bugs as one.  N pairs of mutants, each of which read as one
+group alone and whose checks and clauses (their findings' and their shrunk launches') share nothing, each pair
+planted in one file (target mutant:A+B); a pair's groups are counted, and a group is "merged" when it holds a
+symptom only A's run showed and one only B's run showed.  Both rules are counted on the same findings: this tree's
+(group_findings) and the one before it (shown=False).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gdn_fuzz.findings import group_findings, groups_record
+from gdn_fuzz.findings import check_clause, group_findings, groups_record
 from gdn_fuzz.studies.mutation_score import mutants_of
 
 
@@ -50,8 +57,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--regroup", metavar="JSON", help="group the findings of an earlier run of this study (its "
                     "--json) by this tree's rule, without running the campaigns again")
+    ap.add_argument("--pairs", type=int, metavar="N", help="run N pairs of one-group mutants planted together "
+                    "instead (the module docstring), picked from --pairs-from")
+    ap.add_argument("--pairs-from", metavar="JSON", help="an earlier run of this study (its --json): the single "
+                    "mutants' findings the pairs are picked and judged by")
     ap.add_argument("extra", nargs="*", help="more `gdn-fuzz run` options (after --)")
     args = ap.parse_args(argv)
+    if args.pairs:
+        if not args.pairs_from:
+            ap.error("--pairs needs --pairs-from JSON (an earlier run of this study: the single mutants' findings)")
+        return run_pairs(args)
     names = args.only or mutants_of(args.base)
     earlier = {}
     if args.regroup:
@@ -81,12 +96,75 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write(args, rows) -> None:
+def clauses(record: dict) -> set:
+    """Every check and clause a mutant's run showed: its findings' and their shrunk launches'."""
+    return {check_clause(x) for f in record.get("findings", []) for x in (f["signature"], *(f.get("launch_signatures")
+                                                                                              or ()))}
+
+
+def pick_pairs(results: list[dict], n: int) -> list[tuple[dict, dict]]:
+    """Up to n pairs of single mutants that each read as one group and share no check and clause, each mutant in
+    one pair at most, in catalogue order."""
+    ones = [r for r in results if r.get("signatures") and len(group_findings(r["findings"])) == 1]
+    pairs, used = [], set()
+    for i, a in enumerate(ones):
+        for b in ones[i + 1:]:
+            if len(pairs) < n and a["name"] not in used and b["name"] not in used and not clauses(a) & clauses(b):
+                pairs.append((a, b))
+                used |= {a["name"], b["name"]}
+    return pairs
+
+
+def judge(findings: list[dict], a: dict, b: dict, shown: bool) -> dict:
+    """The groups of a pair's findings under one rule: how many, and how many merge the two bugs."""
+    only_a, only_b = clauses(a) - clauses(b), clauses(b) - clauses(a)
+    groups = group_findings(findings, shown)
+    merged = sum(1 for g in groups if {check_clause(x) for x in g["symptoms"]} & only_a
+                 and {check_clause(x) for x in g["symptoms"]} & only_b)
+    return dict(groups=len(groups), merged=merged, headlines=[g["headline"] for g in groups])
+
+
+def run_pairs(args) -> int:
+    single = json.loads(Path(args.pairs_from).read_text())["results"]
+    rows = []
+    for a, b in pick_pairs(single, args.pairs):
+        name = f"{a['name']}+{b['name']}"
+        r = run_one(name, args.seconds, args.extra)
+        r.update(pair=[a["name"], b["name"]], rule=judge(r.get("findings", []), a, b, True),
+                 rule_before=judge(r.get("findings", []), a, b, False))
+        rows.append(r)
+        print(f"{name:48s} exit {r['exit']}  signatures {len(r.get('signatures', [])):3d}  groups {r['rule']['groups']}"
+              f" (merged {r['rule']['merged']}); the rule before: {r['rule_before']['groups']} (merged "
+              f"{r['rule_before']['merged']})" + (f"  error: {r['error'][-200:]}" if "error" in r else ""), flush=True)
+        if args.json:
+            _write(args, rows, pairs=True)
+    print("\n" + _pairs_line(rows))
+    if args.json:
+        _write(args, rows, pairs=True)
+    return 0
+
+
+def _pairs_summary(rows: list[dict]) -> dict:
+    found = [r for r in rows if r.get("signatures")]
+    out = dict(pairs=len(rows), with_findings=len(found))
+    for key in ("rule", "rule_before"):
+        out[key] = dict(two_or_more_groups=sum(1 for r in found if r[key]["groups"] >= 2),
+                        merged=sum(1 for r in found if r[key]["merged"]))
+    return out
+
+
+def _pairs_line(rows: list[dict]) -> str:
+    s = _pairs_summary(rows)
+    return (f"{s['pairs']} pairs, {s['with_findings']} with findings: this rule reads {s['rule']['two_or_more_groups']} as "
+            f"two or more groups and merges the two bugs in {s['rule']['merged']}; the rule before: "
+            f"{s['rule_before']['two_or_more_groups']} and {s['rule_before']['merged']}")
+
+
+def _write(args, rows, pairs: bool = False) -> None:
     several = [r for r in rows if len(r.get("signatures", [])) > 1]
-    summary = dict(mutants=len(rows), several_signatures=len(several),
-                   one_group=sum(1 for r in several if len(r["groups"]) == 1),
-                   signatures=sum(len(r.get("signatures", [])) for r in rows),
-                   groups=sum(len(r.get("groups", [])) for r in rows))
+    summary = _pairs_summary(rows) if pairs else dict(
+        mutants=len(rows), several_signatures=len(several), one_group=sum(1 for r in several if len(r["groups"]) == 1),
+        signatures=sum(len(r.get("signatures", [])) for r in rows), groups=sum(len(r.get("groups", [])) for r in rows))
     tmp = Path(args.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(base=args.base, seconds=args.seconds, date=time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                               time.gmtime()),

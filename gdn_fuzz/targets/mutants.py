@@ -30,6 +30,7 @@ class Mutant:
     doc: str
     base: str = "reference"  # "reference" | "production" | "materialize" | "materialize-reference"
     scored: bool = True  # False: a study shows it, no property can (see the note above the catalogue)
+    also: tuple = ()  # further (old, new) edits, applied in turn: a mutant of several catalogued ones (get_mutant)
 
 
 CATALOGUE: dict[str, Mutant] = {}
@@ -94,11 +95,15 @@ def base_path(m: Mutant) -> Path:
 
 
 def apply(m: Mutant, src: str) -> str:
-    n = src.count(m.old)
-    if n != 1:
-        raise ValueError(f"mutant {m.name!r}: its edit must match the {m.base} source exactly once, found {n} "
-                         f"matches; update gdn_fuzz/targets/mutants.py (the target file changed)")
-    return src.replace(m.old, m.new)
+    for old, new in ((m.old, m.new), *m.also):
+        n = src.count(old)
+        if n != 1:
+            raise ValueError(f"mutant {m.name!r}: each of its edits must match the {m.base} source exactly once (after "
+                             f"the edits before it), found {n} matches of {old.strip()[:60]!r}; update "
+                             "gdn_fuzz/targets/mutants.py (the target file changed), or combine edits that touch "
+                             "other lines")
+        src = src.replace(old, new)
+    return src
 
 
 def materialize_mutant(m: Mutant | str, directory: Path | None = None) -> Path:
@@ -116,10 +121,22 @@ def materialize_mutant(m: Mutant | str, directory: Path | None = None) -> Path:
 
 
 def get_mutant(name: str) -> Mutant:
+    """The catalogued mutant `name`; "A+B": the edits of A and B in one file (two bugs at once; not scored)."""
+    if "+" in name:
+        parts = [get_mutant(n) for n in name.split("+")]
+        bases = {m.base for m in parts}
+        if len(bases) != 1:
+            raise ValueError(f"mutant={name!r} combines edits of different bases ({', '.join(sorted(bases))}); "
+                             "combine mutants of one base")
+        first = parts[0]
+        return Mutant(name, ",".join(m.clause for m in parts), first.prop, first.old, first.new,
+                      " AND ".join(m.doc for m in parts), first.base, scored=False,
+                      also=tuple((m.old, m.new) for m in parts[1:]))
     try:
         return CATALOGUE[name]
     except KeyError:
-        raise ValueError(f"mutant={name!r} is not in the catalogue; known: {', '.join(sorted(CATALOGUE))}") from None
+        raise ValueError(f"mutant={name!r} is not in the catalogue; known: {', '.join(sorted(CATALOGUE))} (or two "
+                         "joined by '+')") from None
 
 
 # Retired (issue 14): softplus_threshold, softplus with torch's threshold 20, which keeps g
