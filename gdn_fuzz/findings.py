@@ -255,16 +255,27 @@ def symptom(signature: str) -> str:
 
 
 _RAISED = re.compile(r"\[H\*\] (raised .+)$")
+# a relation's bit check of a buffer (relations.BUFFER_CLAUSE) and the oracle check of the output it holds; not
+# determinism's (a launch against itself: a race, not a wrong value)
+_BITS = re.compile(r"^(?!determinism\.)[a-z][a-z_.]*\.(g_cache|k_cache|u_cache|initial_state_source|y)_bits "
+                   r"(\[[A-Z]+[0-9]*\])")
+_BITS_OUTPUT = {"g_cache": "g", "k_cache": "k", "u_cache": "u", "initial_state_source": "fold", "y": "y"}
 
 
-def check_clause(signature: str) -> str:
+def check_clause(signature: str, buffers: bool = True) -> str:
     """What links signatures of one bug: symptom()'s check id and clause ("oracle.u [M5]" of "extremes.oracle.u [M5]
     non-finite (flush rows)"), or, for a legal launch that raised (clause H*), the exception and its normalized
     message, whichever property's launch it was ("launch [H*] raised IndexError: index # is out of bounds ..." and
-    "determinism.launch [H*] raised IndexError: index # is out of bounds ...")."""
+    "determinism.launch [H*] raised IndexError: index # is out of bounds ...").  buffers: a relation's bit check
+    of a buffer under the buffer's clause is the oracle check of the output it holds ("routing.g_cache_bits [M6]"
+    and "metamorphic.rotation.g_cache_bits [M6]" are "oracle.g [M6]": the appended g records wrong, against a twin
+    launch or against the oracle); False: as written (the rule before issue 33's last part)."""
     m = _RAISED.search(signature)
     if m:
         return m.group(1)
+    m = _BITS.match(signature) if buffers else None
+    if m:
+        return f"oracle.{_BITS_OUTPUT[m.group(1)]} {m.group(2)}"
     sym = symptom(signature)
     return sym[:sym.index("]") + 1] if "]" in sym else sym
 
@@ -272,7 +283,7 @@ def check_clause(signature: str) -> str:
 _CLAUSE = "\x00clause "  # group_findings' nodes for a check and clause (no signature starts with NUL)
 
 
-def group_findings(records: list[dict], shown: bool = True) -> list[dict]:
+def group_findings(records: list[dict], shown: bool = True, buffers: bool = True) -> list[dict]:
     """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
     showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
     are the same case, or when they are one check of one clause (check_clause(): on launches of two properties, on
@@ -283,9 +294,9 @@ def group_findings(records: list[dict], shown: bool = True) -> list[dict]:
     can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.
 
     records: CampaignFinding.to_record() dicts (signature, case, launch_signatures; a record without
-    launch_signatures links only through its case and its own check and clause).  shown=False: the rule before
-    issue 33's last part, which linked through the launch only the signatures filed as findings (the grouping
-    study compares the two).  Returns one dict per group, largest first: `symptoms`, the
+    launch_signatures links only through its case and its own check and clause).  shown=False and buffers=False:
+    the rule before issue 33's last part, which linked through the launch only the signatures filed as findings
+    and read a relation's bit check as its own check (check_clause; the grouping study compares the two).  Returns one dict per group, largest first: `symptoms`, the
     signatures, most specific first (the one whose shrunk launch showed the fewest other signatures of the run, then
     the smallest shrunk case, then by name), `headline` (the first) and `records` (the same order).  Grouping is
     presentation only: every signature stays a finding of its own (its own corpus entry and exit status)."""
@@ -311,7 +322,7 @@ def group_findings(records: list[dict], shown: bool = True) -> list[dict]:
         # also broke oracle.u [M5]).  shown=False: only the launch's signatures that are findings
         others = r.get("launch_signatures") or ()
         for x in (s, *(others if shown else [o for o in others if o in recs])):
-            clause = _CLAUSE + check_clause(x)
+            clause = _CLAUSE + check_clause(x, buffers)
             parent.setdefault(clause, clause)
             link(s, clause)
         key = repr(sorted((r.get("case") or {}).items()))
@@ -336,7 +347,8 @@ def group_findings(records: list[dict], shown: bool = True) -> list[dict]:
 
 
 GROUPING_RULE = ("symptoms that share a shrunk launch, or that are, or whose shrunk launches showed, one check and "
-                 "clause (on other rows, under another property, failing otherwise), are one bug")  # group_findings' links
+                 "clause (on other rows, under another property, failing otherwise, or a buffer's bits against a twin "
+                 "launch), are one bug")  # group_findings' links, in words
 
 
 def groups_record(groups: list[dict]) -> list[dict]:

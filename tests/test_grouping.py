@@ -113,3 +113,17 @@ def test_the_pair_study_picks_unrelated_one_group_mutants_and_counts_a_merge():
     joined = [rec(fold, ONE_ROW, [fold, g]), rec(g, dict(ONE_ROW, seed=2))]
     assert judge(apart, a, b, True) | {"headlines": None} == dict(groups=2, merged=0, headlines=None)
     assert judge(joined, a, b, True) | {"headlines": None} == dict(groups=1, merged=1, headlines=None)
+
+
+def test_a_relations_bit_check_of_a_buffer_is_the_oracle_check_of_its_output():
+    """flush_off_by_one (the CPU study): routing.g_cache_bits [M6] (the g ring differs from the twin launch's) and
+    oracle.g [M6] (the appended g records against the oracle) say one thing, the appended g wrong: one group.
+    determinism's bit checks (a launch against itself: a race) and another clause stay apart; buffers=False reads
+    each check as written (the rule before)."""
+    g, bits = "oracle.g [M6] out of tolerance (flush rows)", "routing.g_cache_bits [M6] bits differ"
+    race, perm = "determinism.g_cache_bits [M6] bits differ", "metamorphic.batch_perm.g_cache_bits [R1] bits differ"
+    recs = [rec(x, dict(ONE_ROW, seed=i)) for i, x in enumerate((g, bits, race, perm))]
+    assert sorted(sorted(x["symptoms"]) for x in group_findings(recs)) == sorted([sorted([g, bits]), [race], [perm]])
+    assert len(group_findings(recs, buffers=False)) == 4
+    assert check_clause("routing.initial_state_source_bits [M7] bits differ") == "oracle.fold [M7]"
+    assert check_clause(bits, buffers=False) == "routing.g_cache_bits [M6]"

@@ -8,12 +8,13 @@ campaign's new signatures are what a reader saw before grouping, its groups what
     python -m gdn_fuzz.studies.grouping --seconds 15 --json docs/grouping-cpu.json
     python -m gdn_fuzz.studies.grouping --regroup docs/grouping-cpu.json --json regrouped.json   # a new rule, same runs
     python -m gdn_fuzz.studies.grouping --pairs 12 --pairs-from docs/grouping-cpu.json --json pairs.json
+    python -m gdn_fuzz.studies.grouping --regroup pairs.json --pairs-from docs/grouping-cpu.json --json p2.json
 
 The other side (--pairs N): grouping must not read two bugs as one.  N pairs of mutants, each of which read as one
 group alone and whose checks and clauses (their findings' and their shrunk launches') share nothing, each pair
 planted in one file (target mutant:A+B); a pair's groups are counted, and a group is "merged" when it holds a
 symptom only A's run showed and one only B's run showed.  Both rules are counted on the same findings: this tree's
-(group_findings) and the one before it (shown=False).
+(group_findings) and the one before issue 33's last part (BEFORE: shown=False, buffers=False).
 """
 
 from __future__ import annotations
@@ -63,10 +64,14 @@ def main(argv=None) -> int:
                     "mutants' findings the pairs are picked and judged by")
     ap.add_argument("extra", nargs="*", help="more `gdn-fuzz run` options (after --)")
     args = ap.parse_args(argv)
-    if args.pairs:
+    if args.pairs or (args.regroup and "pair" in (json.loads(Path(args.regroup).read_text())["results"] or [{}])[0]):
         if not args.pairs_from:
-            ap.error("--pairs needs --pairs-from JSON (an earlier run of this study: the single mutants' findings)")
-        return run_pairs(args)
+            ap.error("--pairs (and --regroup of a pairs run) needs --pairs-from JSON (an earlier run of this study: "
+                     "the single mutants' findings)")
+        earlier = json.loads(Path(args.regroup).read_text()) if args.regroup else None
+        if earlier is not None:
+            args.seconds, args.base = earlier["seconds"], earlier["base"]
+        return run_pairs(args, None if earlier is None else earlier["results"])
     names = args.only or mutants_of(args.base)
     earlier = {}
     if args.regroup:
@@ -96,10 +101,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def clauses(record: dict) -> set:
-    """Every check and clause a mutant's run showed: its findings' and their shrunk launches'."""
-    return {check_clause(x) for f in record.get("findings", []) for x in (f["signature"], *(f.get("launch_signatures")
-                                                                                              or ()))}
+def clauses(record: dict, buffers: bool = True) -> set:
+    """Every check and clause a mutant's run showed: its findings' and their shrunk launches' (check_clause)."""
+    return {check_clause(x, buffers) for f in record.get("findings", [])
+            for x in (f["signature"], *(f.get("launch_signatures") or ()))}
 
 
 def pick_pairs(results: list[dict], n: int) -> list[tuple[dict, dict]]:
@@ -115,23 +120,30 @@ def pick_pairs(results: list[dict], n: int) -> list[tuple[dict, dict]]:
     return pairs
 
 
-def judge(findings: list[dict], a: dict, b: dict, shown: bool) -> dict:
-    """The groups of a pair's findings under one rule: how many, and how many merge the two bugs."""
-    only_a, only_b = clauses(a) - clauses(b), clauses(b) - clauses(a)
-    groups = group_findings(findings, shown)
-    merged = sum(1 for g in groups if {check_clause(x) for x in g["symptoms"]} & only_a
-                 and {check_clause(x) for x in g["symptoms"]} & only_b)
+BEFORE = dict(shown=False, buffers=False)  # the rule before issue 33's last part (group_findings' docstring)
+
+
+def judge(findings: list[dict], a: dict, b: dict, shown: bool = True, buffers: bool = True) -> dict:
+    """The groups of a pair's findings under one rule: how many, and how many merge the two bugs (a group with a
+    symptom of a check and clause only a's run showed and one only b's run showed, read by that rule)."""
+    ca, cb = clauses(a, buffers), clauses(b, buffers)
+    groups = group_findings(findings, shown, buffers)
+    merged = sum(1 for g in groups if {check_clause(x, buffers) for x in g["symptoms"]} & (ca - cb)
+                 and {check_clause(x, buffers) for x in g["symptoms"]} & (cb - ca))
     return dict(groups=len(groups), merged=merged, headlines=[g["headline"] for g in groups])
 
 
-def run_pairs(args) -> int:
-    single = json.loads(Path(args.pairs_from).read_text())["results"]
+def run_pairs(args, earlier: list[dict] | None = None) -> int:
+    """--pairs N: N new pair campaigns; earlier (--regroup of a pairs run): those campaigns' findings judged again."""
+    single = {r["name"]: r for r in json.loads(Path(args.pairs_from).read_text())["results"]}
+    todo = ([(single[r["pair"][0]], single[r["pair"][1]], r) for r in earlier] if earlier is not None else
+            [(a, b, None) for a, b in pick_pairs(list(single.values()), args.pairs)])
     rows = []
-    for a, b in pick_pairs(single, args.pairs):
+    for a, b, r in todo:
         name = f"{a['name']}+{b['name']}"
-        r = run_one(name, args.seconds, args.extra)
-        r.update(pair=[a["name"], b["name"]], rule=judge(r.get("findings", []), a, b, True),
-                 rule_before=judge(r.get("findings", []), a, b, False))
+        r = dict(r) if r is not None else run_one(name, args.seconds, args.extra)
+        r.update(pair=[a["name"], b["name"]], rule=judge(r.get("findings", []), a, b),
+                 rule_before=judge(r.get("findings", []), a, b, **BEFORE))
         rows.append(r)
         print(f"{name:48s} exit {r['exit']}  signatures {len(r.get('signatures', [])):3d}  groups {r['rule']['groups']}"
               f" (merged {r['rule']['merged']}); the rule before: {r['rule_before']['groups']} (merged "
