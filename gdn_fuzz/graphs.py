@@ -107,8 +107,9 @@ class _Cache:
         self.what, self.max_graphs, self.max_bytes = what, max_graphs, max_bytes
         self.stats, self.seen, self.graphs = Stats(), Counter(), OrderedDict()
 
-    def get(self, k, build, eligible: bool = True):
-        """The graph of key k (build() captures it), or None: run eagerly."""
+    def get(self, k, build, eligible=None):
+        """The graph of key k (build() captures it), or None: run eagerly.  eligible(): whether a key not yet
+        captured may be (asked on a miss only)."""
         if k in self.stats.failed:
             return None
         g = self.graphs.get(k)
@@ -116,7 +117,7 @@ class _Cache:
             self.graphs.move_to_end(k)
             return g
         self.seen[k] += 1
-        if self.seen[k] < CAPTURE_AT or not eligible:
+        if self.seen[k] < CAPTURE_AT or (eligible is not None and not eligible()):
             return None
         t0 = time.perf_counter()
         try:
@@ -274,7 +275,7 @@ def run(fn, obs, before_replay=None) -> torch.Tensor:
     if (choice() == "off" or not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not obs.from_case
             or getattr(obs.case, "fill", None) == "rows"):
         return _eager(fn, obs)
-    g = _CHECKS.get(key(obs), lambda: _Graph(fn, obs), eligible=static_bytes(obs) <= MAX_STATIC_BYTES)
+    g = _CHECKS.get(key(obs), lambda: _Graph(fn, obs), eligible=lambda: static_bytes(obs) <= MAX_STATIC_BYTES)
     if g is None:
         return _eager(fn, obs)
     if before_replay is not None:
