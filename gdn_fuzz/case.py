@@ -155,6 +155,15 @@ KEYS = ("random", "near_dup", "zero_norm")
 HISTORIES = ("consistent", "free")
 
 
+def check_regime_names(reg: Regime) -> Regime:
+    """ValueError naming the field, its value and the legal ones, on the first of decay, beta, keys, history that
+    is not a known name; else reg."""
+    for name, legal in (("decay", DECAYS), ("beta", BETAS), ("keys", KEYS), ("history", HISTORIES)):
+        if getattr(reg, name) not in legal:
+            raise ValueError(f"case.regime.{name}={getattr(reg, name)!r} is illegal; legal: one of {', '.join(legal)}")
+    return reg
+
+
 @dataclass(frozen=True)
 class Case:
     """One launch of the entry point.  B = len(rows); the pool has `pool` slots."""
@@ -317,9 +326,7 @@ class Case:
         reg = self.regime
         if not isinstance(reg, Regime):
             raise ValueError(f"case.regime must be a Regime, got {type(reg).__name__}")
-        for name, legal in (("decay", DECAYS), ("beta", BETAS), ("keys", KEYS), ("history", HISTORIES)):
-            if getattr(reg, name) not in legal:
-                raise ValueError(f"case.regime.{name}={getattr(reg, name)!r} is illegal; legal: one of {', '.join(legal)}")
+        check_regime_names(reg)
         for name in ("qk_scale", "v_scale", "state_scale"):
             x = getattr(reg, name)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and 0 < x <= MAX_SCALE):
@@ -537,8 +544,8 @@ def materialize(case: Case, device: str | torch.device = "cpu", *,
 # ------------------------------------------------------------------ draws="graph"
 #
 # One program of fixed shapes: every value from one generator on the launch's device, the rows' cursors and the
-# regime as device data.  Its tensor shapes depend only on (arm, B, T, H, HV, K, V, pool), so gdn_fuzz.graphs
-# captures it once per such key as a CUDA graph and replays it with the next case's seed, rows and regime: one
+# regime as device data.  Its tensor shapes depend only on graph_dims (arm, B, T, H, HV, K, V, the pool rounded up,
+# poison), so gdn_fuzz.graphs captures it once per such key as a CUDA graph and replays it with the next case's seed, rows and regime: one
 # replay instead of ~150 small operations, each ~10-20 us of host time (docs/benchmarks.md, issue 32).  What it
 # draws is what materialize() draws for the other modes, structure for structure (the same regimes, windows,
 # history and poison); the values are this program's own.
@@ -566,21 +573,14 @@ def graph_dims(case: Case) -> tuple:
 def graph_data(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     """The draw program's per-case inputs, on the CPU: rows [3, B] int32 (slot, hist_len, cache_base; a pad row's
     negative slot as given) and the regime [len(GRAPH_REGIME)] float32."""
-    reg = case.regime
-    if reg.decay not in DECAY_DRAWS:
-        raise ValueError(f"regime.decay={reg.decay!r}; use one of {DECAYS}")
-    if reg.beta not in BETA_MU:
-        raise ValueError(f"regime.beta={reg.beta!r}; use one of {BETAS}")
-    for name, legal in (("keys", KEYS), ("history", HISTORIES)):
-        if getattr(reg, name) not in legal:
-            raise ValueError(f"regime.{name}={getattr(reg, name)!r}; use one of {legal}")
+    reg = check_regime_names(case.regime)  # a case built with dataclasses.replace is not validated
     rows = torch.tensor([[r.slot for r in case.rows], [r.hist_len for r in case.rows],
                          [r.cache_base for r in case.rows]], dtype=torch.int32)
     lo, hi, a_mu = DECAY_DRAWS[reg.decay]
-    regime = torch.tensor([reg.qk_scale, reg.v_scale, reg.state_scale, lo, hi, a_mu, BETA_MU[reg.beta],
-                           reg.keys == "near_dup", reg.keys == "zero_norm", reg.history == "free"],
-                          dtype=torch.float32)
-    return rows, regime
+    named = dict(qk_scale=reg.qk_scale, v_scale=reg.v_scale, state_scale=reg.state_scale, A_low=lo, A_high=hi,
+                 a_mu=a_mu, b_mu=BETA_MU[reg.beta], near_dup=reg.keys == "near_dup",
+                 zero_norm=reg.keys == "zero_norm", free=reg.history == "free")
+    return rows, torch.tensor([float(named[n]) for n in GRAPH_REGIME], dtype=torch.float32)
 
 
 def _graph_keys(k, near_dup, zero_norm):
@@ -594,8 +594,8 @@ def _graph_keys(k, near_dup, zero_norm):
 
 def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator, dims: tuple) -> dict:
     """The tensors of one launch (materialize()'s, less flush_min and restart_hist_on_flush; the pool and rings at
-    graph_pool_rows(pool) rows), from `gen` and the device data of graph_data(), on gen's device.  No host synchronization and no shape that depends on a value,
-    so a CUDA graph captures it.
+    graph_pool_rows(pool) rows), from `gen` and the device data of graph_data(), on gen's device.  No host
+    synchronization and no shape that depends on a value, so a CUDA graph captures it.
 
       tokens   q, k, v ~ N(0, 1) scaled as the regime says, A_log, dt_bias, a, b as decay_params and _beta_logits
       pool     N(0, state_scale^2); rings: normalized random keys, random updates, decreasing G (garbage)
@@ -608,8 +608,8 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     arm_name, B, T, H, HV, K, V, R, poison = dims
     arm = get_arm(arm_name)
     dev = gen.device
-    qk, vs, ss, A_lo, A_hi, a_mu, b_mu = regime[:7].unbind(0)
-    near_dup, zero_norm, free = (regime[7:] != 0).unbind(0)
+    qk, vs, ss, A_lo, A_hi, a_mu, b_mu, near_dup, zero_norm, free = regime.unbind(0)  # GRAPH_REGIME's order
+    near_dup, zero_norm, free = near_dup != 0, zero_norm != 0, free != 0
 
     def randn(*shape):
         return torch.randn(shape, generator=gen, device=dev)
@@ -639,16 +639,12 @@ def graph_program(rows: torch.Tensor, regime: torch.Tensor, gen: torch.Generator
     slot, P, base = rows.long().unbind(0)
     real = slot >= 0
     at = torch.where(real, slot, 0)  # a pad row's history starts from row 0's checkpoint and is never written
-    pool_state = pool.to(arm.state)
-    if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
-        U = fused_oracle.history(pool_state, at, g, beta, k_hat, hv_io)
-    else:
-        _, U, _ = gdn_oracle.sequential(pool_state[at].double(), k_hat, k_hat, hv_io, g, beta, keep_states=False)
+    U = window_history(pool.to(arm.state), at, g, beta, k_hat, hv_io)
     kw = torch.where(free, gdn_oracle.l2norm(hk), k_hat[:, :, :: HV // H])  # [B, 16, H, K]
     U = torch.where(free, hv.double() * 0.5, U)
     Gc = torch.cumsum(g, 1)
 
-    def window(n):  # ring slots of records j < n, and the pool row each goes to (NP: the scratch row)
+    def window(n):  # ring slots of records j < n, and the pool row each goes to (R: the scratch row)
         j = torch.arange(n, device=dev)
         inside = real[:, None] & (j[None, :] < P[:, None])
         return torch.where(inside, at[:, None], R), (base[:, None] + j[None, :]) & (RING_SLOTS - 1)
@@ -733,6 +729,16 @@ def _windows(rows, max_len: int | None = None):
     return m_, j_, (base[m_] + j_) & (RING_SLOTS - 1)
 
 
+def window_history(pool_state, slots, g, beta, k_hat, v):
+    """U [n, 16, HV, V] float64: the corrected updates of the history tokens from the checkpoints pool_state[slots]
+    (oracles.gdn.sequential), as one Triton kernel (fused_oracle.history) on a CUDA device where GDN_FUZZ_ORACLE
+    picks the fused oracle; the two differ in float64 rounding only."""
+    dev = k_hat.device
+    if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
+        return fused_oracle.history(pool_state, slots, g, beta, k_hat, v)
+    return gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, v, g, beta, keep_states=False)[1]
+
+
 def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, A_io, dt_io):
     """Write each non-pad row's P window records at slot (base + j) & 31, j < P.
 
@@ -763,12 +769,7 @@ def _fill_windows(case: Case, gen, bulk, pool_state, k_cache, u_cache, g_cache, 
         hk_io = hk.to(arm.io).to(dev)
         _, k_hat = gdn_oracle.normalized_qk(hk_io, hk_io, HV, 1.0)
         slots = torch.tensor([r.slot for r in live], device=dev)
-        if dev.type == "cuda" and fused_oracle.oracle_for(dev) is fused_oracle.launch:
-            # the same recurrence in one Triton kernel (GDN_FUZZ_ORACLE picks it as it picks the oracle)
-            U = fused_oracle.history(pool_state, slots, g, beta, k_hat, hv_.to(arm.io).to(dev))
-        else:
-            _, U, _ = gdn_oracle.sequential(pool_state[slots].double(), k_hat, k_hat, hv_.to(arm.io).to(dev), g,
-                                            beta, keep_states=False)
+        U = window_history(pool_state, slots, g, beta, k_hat, hv_.to(arm.io).to(dev))
         kw = k_hat[:, :, :: HV // H]  # [n, 16, H, K]
         Gc = torch.cumsum(g, 1)  # [n, 16, HV]
     elif reg.history == "free":

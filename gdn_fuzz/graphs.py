@@ -61,7 +61,7 @@ MAX_GRAPHS = 128  # graphs kept (least recently used dropped): a campaign's defa
 MAX_STATIC_BYTES = 2 << 30  # a graph's static copies (before + after) past this: the check of that shape runs eagerly
 POOL_BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache")
 MIN_POOL_ROWS = 16  # the campaign's small pools (a bucket of 4 or 8 rows + up to 6 spare) share one key
-MAX_DRAW_GRAPHS = 128  # draw graphs kept (case.materialize of draws="graph"; one per arm, B, T, geometry and pool)
+MAX_DRAW_GRAPHS = 128  # draw graphs kept (case.materialize of draws="graph"; one per case.graph_dims)
 MAX_DRAW_BYTES = 4 << 30  # their static outputs past this: the least recently used dropped (a B = 64 pool at HV = 64
 #                           in float32 is ~0.3 GiB; eight processes share one GPU)
 
@@ -213,6 +213,22 @@ def _static_like(name: str, t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
+def _capture(fn, dev, pool=None, generator=None):
+    """(graph, fn()'s result) of fn captured on `dev`, after one warm-up run on a side stream (Triton compiles, the
+    allocator's first blocks); pool: the graph's memory pool; generator: a generator fn draws from, registered."""
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if generator is not None:
+        graph.register_generator_state(generator)
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    return graph, out
+
+
 class _Graph:
     """One captured verdict: the static observation it reads, the graph, and its output tensor.
     capture=False (tests, on any device): the same static tensors, fn run on them eagerly at each run()."""
@@ -227,16 +243,8 @@ class _Graph:
         self.rows = 0  # pool rows of the last launch loaded (rows past it are zeros)
         self.fn, self.graph = fn, None
         self.load(obs)
-        if not capture:
-            return
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, the allocator's first blocks
-            fn(self.obs, flush_min=self.flush_min)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.out = fn(self.obs, flush_min=self.flush_min)
+        if capture:
+            self.graph, self.out = _capture(lambda: fn(self.obs, flush_min=self.flush_min), dev)
 
     def load(self, obs) -> None:
         n = obs.before["initial_state_source"].shape[0]
@@ -290,20 +298,9 @@ class _DrawGraph:
     graph-safe Philox state), and its outputs, which run() clones (the next replay overwrites them)."""
 
     def __init__(self, program, dims: tuple, rows: torch.Tensor, regime: torch.Tensor, dev: torch.device):
-        self.rows = torch.empty(rows.shape, dtype=rows.dtype, device=dev)
-        self.regime = torch.empty(regime.shape, dtype=regime.dtype, device=dev)
-        self.gen = torch.Generator(device=dev)
-        self.rows.copy_(rows)
-        self.regime.copy_(regime)
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, the allocator's first blocks
-            program(self.rows, self.regime, self.gen, dims)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        self.graph.register_generator_state(self.gen)
-        with torch.cuda.graph(self.graph, pool=_draw_pool(dev), capture_error_mode="thread_local"):
-            self.out = program(self.rows, self.regime, self.gen, dims)
+        self.rows, self.regime, self.gen = rows.to(dev), regime.to(dev), torch.Generator(device=dev)
+        self.graph, self.out = _capture(lambda: program(self.rows, self.regime, self.gen, dims), dev,
+                                        pool=_draw_pool(dev), generator=self.gen)
         self.nbytes = sum(t.untyped_storage().nbytes() for t in self.out.values())
 
     def run(self, rows: torch.Tensor, regime: torch.Tensor, seed: int, pool: int) -> dict:
