@@ -66,3 +66,23 @@ def default_torch_threads(measure=free_cores) -> tuple[int, str] | None:
     cores, busy = got
     n = max(1, min(cores, int(cores - busy + 0.5)))
     return n, f"{cores} cores, {busy:.1f} kept busy by other processes"
+
+
+def write_atomic(path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and os.replace: a reader sees the old
+    file or the whole new one, never a part (reports, study records, mutated copies)."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

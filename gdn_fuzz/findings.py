@@ -280,28 +280,33 @@ def check_clause(signature: str, buffers: bool = True) -> str:
     return sym[:sym.index("]") + 1] if "]" in sym else sym
 
 
-_CLAUSE = "\x00clause "  # group_findings' nodes for a check and clause (no signature starts with NUL)
+_NODE = "\x00"  # group_findings' nodes for a check and clause and for a case (no signature starts with NUL)
 
 
 def group_findings(records: list[dict], shown: bool = True, buffers: bool = True) -> list[dict]:
-    """The new findings of a campaign grouped by bug: two signatures are one group when one's shrunk launch also
-    showed the other (`launch_signatures`: every signature of the check of that launch), when their shrunk cases
-    are the same case, or when they are one check of one clause (check_clause(): on launches of two properties, on
-    flush and on verify rows, out of tolerance and non-finite; a legal launch that raised one exception, under any
-    property) -- counting every signature a shrunk launch showed, not only those filed as findings (the two
-    shrunk launches of a broken anchor, one flush row and one verify row, both break oracle.u [M5]).  The groups are the connected components of those links (a planted one-line edit that breaks y, u and the fold shows all three on its minimal
-    launch: one group, three symptoms; oracle.u [M5] on flush rows and on verify rows: one group).  The last link
-    can join two bugs that break one output on two paths: both stay listed, as symptoms of one group.
+    """The new findings of a campaign grouped by bug.  Two signatures are one group when
+      1. one's shrunk launch also showed the other (`launch_signatures`: every signature of the check of that
+         launch), or
+      2. their shrunk cases are the same case, or
+      3. they are one check of one clause (check_clause(): on launches of two properties, on flush and on verify
+         rows, out of tolerance and non-finite; a legal launch that raised one exception, under any property), or
+      4. their shrunk launches showed one check of one clause, filed as a finding or not (the two shrunk launches of
+         a broken anchor, one flush row and one verify row, both break oracle.u [M5]);
+      5. in 3 and 4, a relation's bit check of a buffer reads as the oracle check of the output it holds
+         (check_clause's `buffers`).
+    The groups are the connected components of those links (a planted one-line edit that breaks y, u and the fold
+    shows all three on its minimal launch: one group, three symptoms).  Links 3-5 can join two bugs that break one
+    output on two paths: both stay listed, as symptoms of one group.
 
     records: CampaignFinding.to_record() dicts (signature, case, launch_signatures; a record without
     launch_signatures links only through its case and its own check and clause).  shown=False and buffers=False:
-    the rule before issue 33's last part, which linked through the launch only the signatures filed as findings
-    and read a relation's bit check as its own check (check_clause; the grouping study compares the two).  Returns one dict per group, largest first: `symptoms`, the
-    signatures, most specific first (the one whose shrunk launch showed the fewest other signatures of the run, then
-    the smallest shrunk case, then by name), `headline` (the first) and `records` (the same order).  Grouping is
-    presentation only: every signature stays a finding of its own (its own corpus entry and exit status)."""
+    the rule before issue 33's last part (links 1-3 only; the grouping study compares the two).  Returns one dict
+    per group, largest first: `symptoms`, the signatures, most specific first (the one whose shrunk launch showed
+    the fewest other signatures of the run, then the smallest shrunk case, then by name), `headline` (the first)
+    and `records` (the same order).  Grouping is presentation only: every signature stays a finding of its own (its
+    own corpus entry and exit status)."""
     recs = {r["signature"]: r for r in records}
-    parent = {s: s for s in recs}
+    parent = {s: s for s in recs}  # union-find over the signatures and one node per check and clause, per case
 
     def root(s):
         while parent[s] != s:
@@ -309,34 +314,25 @@ def group_findings(records: list[dict], shown: bool = True, buffers: bool = True
             s = parent[s]
         return s
 
-    def link(a, b):
-        ra, rb = root(a), root(b)
+    def link(a, node):
+        parent.setdefault(node, node)
+        ra, rb = root(a), root(node)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
 
-    by_case: dict[str, str] = {}
     for s, r in recs.items():
-        # every signature a shrunk launch showed counts as a symptom of that launch's bug, a finding or not: its
-        # check and clause joins the finding to any other whose launch showed the same (the third link above,
-        # through the launch: oracle.fold on flush rows and oracle.g on verify rows join when both launches
-        # also broke oracle.u [M5]).  shown=False: only the launch's signatures that are findings
         others = r.get("launch_signatures") or ()
         for x in (s, *(others if shown else [o for o in others if o in recs])):
-            clause = _CLAUSE + check_clause(x, buffers)
-            parent.setdefault(clause, clause)
-            link(s, clause)
-        key = repr(sorted((r.get("case") or {}).items()))
-        if key in by_case:
-            link(s, by_case[key])
-        else:
-            by_case[key] = s
+            link(s, _NODE + "clause " + check_clause(x, buffers))
+        if r.get("case"):  # findings without a case share nothing by that
+            link(s, _NODE + "case " + repr(sorted(r["case"].items())))
     members: dict[str, list[str]] = {}
     for s in recs:
-        members.setdefault(root(s), []).append(s)  # the clause nodes are not findings: only signatures listed
+        members.setdefault(root(s), []).append(s)  # the nodes are not findings: only signatures listed
 
     def specific(s):
-        shown = [x for x in recs[s].get("launch_signatures") or () if x in recs and x != s]
-        return len(shown), _case_size(recs[s].get("case") or {}), s
+        also = [x for x in recs[s].get("launch_signatures") or () if x in recs and x != s]
+        return len(also), _case_size(recs[s].get("case") or {}), s
 
     groups = []
     for sigs in members.values():

@@ -824,3 +824,26 @@ def test_default_torch_threads_are_the_cores_other_processes_leave_free():
     # every core runs a hog for the whole window, so `busy` is ~cores; the 0.5 core of slack is the scheduler's
     # share of the window that other work (this process's sleep ending, the hogs' start) can take
     assert busy >= cores - 0.5, (cores, before, busy)
+
+
+def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
+    """environment.write_atomic (reports, study records, mutated copies): a write that fails before the rename
+    leaves the old file whole and no temporary file behind; one that succeeds replaces it."""
+    import os
+
+    from gdn_fuzz.environment import write_atomic
+
+    p = tmp_path / "report.html"
+    write_atomic(p, "old")
+    real = os.replace
+
+    def fail(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(p, "new")
+    assert p.read_text() == "old" and sorted(x.name for x in tmp_path.iterdir()) == ["report.html"]
+    monkeypatch.setattr(os, "replace", real)
+    write_atomic(p, "new")
+    assert p.read_text() == "new" and sorted(x.name for x in tmp_path.iterdir()) == ["report.html"]

@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gdn_fuzz.environment import write_atomic
 from gdn_fuzz.findings import GROUPING_RULE, group_findings
 from gdn_fuzz.prefix_case import KIND as PREFIX_KIND
 
@@ -398,8 +399,8 @@ def build(records_path, campaign_json=None, out_dir="report") -> Path:
     for png in pngs:
         md.append(f"![{png}]({png})")
     text = "\n".join(md) + "\n"
-    _atomic_write(out / "report.md", text)
-    _atomic_write(out / "report.html", page(camp, recs, groups, worst, pngs, left, out))
+    write_atomic(out / "report.md", text)
+    write_atomic(out / "report.html", page(camp, recs, groups, worst, pngs, left, out))
     return out / "report.md"
 
 
@@ -418,12 +419,6 @@ def error_table(vals: dict, tol: dict) -> list[tuple]:
                 rtol, src = tol.get((arm, o), (None, ""))
                 rows.append((arm, o, max(v for _, _, v in vals[o][arm]), rtol, src))
     return rows
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 CSS = """

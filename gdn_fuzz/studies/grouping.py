@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gdn_fuzz.environment import write_atomic
 from gdn_fuzz.findings import check_clause, group_findings, groups_record
 from gdn_fuzz.studies.mutation_score import mutants_of
 
@@ -64,19 +65,17 @@ def main(argv=None) -> int:
                     "mutants' findings the pairs are picked and judged by")
     ap.add_argument("extra", nargs="*", help="more `gdn-fuzz run` options (after --)")
     args = ap.parse_args(argv)
-    if args.pairs or (args.regroup and "pair" in (json.loads(Path(args.regroup).read_text())["results"] or [{}])[0]):
+    old = json.loads(Path(args.regroup).read_text()) if args.regroup else None
+    if old is not None:
+        args.seconds, args.base = old["seconds"], old["base"]
+    if args.pairs or (old is not None and "pair" in (old["results"] or [{}])[0]):
         if not args.pairs_from:
             ap.error("--pairs (and --regroup of a pairs run) needs --pairs-from JSON (an earlier run of this study: "
                      "the single mutants' findings)")
-        earlier = json.loads(Path(args.regroup).read_text()) if args.regroup else None
-        if earlier is not None:
-            args.seconds, args.base = earlier["seconds"], earlier["base"]
-        return run_pairs(args, None if earlier is None else earlier["results"])
+        return run_pairs(args, None if old is None else old["results"])
     names = args.only or mutants_of(args.base)
     earlier = {}
-    if args.regroup:
-        old = json.loads(Path(args.regroup).read_text())
-        args.seconds, args.base = old["seconds"], old["base"]
+    if old is not None:
         earlier = {r["name"]: r for r in old["results"]}
         names = list(earlier)
     rows = []
@@ -111,10 +110,12 @@ def pick_pairs(results: list[dict], n: int) -> list[tuple[dict, dict]]:
     """Up to n pairs of single mutants that each read as one group and share no check and clause, each mutant in
     one pair at most, in catalogue order."""
     ones = [r for r in results if r.get("signatures") and len(group_findings(r["findings"])) == 1]
+    shown = {r["name"]: clauses(r) for r in ones}
     pairs, used = [], set()
     for i, a in enumerate(ones):
         for b in ones[i + 1:]:
-            if len(pairs) < n and a["name"] not in used and b["name"] not in used and not clauses(a) & clauses(b):
+            if (len(pairs) < n and a["name"] not in used and b["name"] not in used
+                    and not shown[a["name"]] & shown[b["name"]]):
                 pairs.append((a, b))
                 used |= {a["name"], b["name"]}
     return pairs
@@ -128,8 +129,8 @@ def judge(findings: list[dict], a: dict, b: dict, shown: bool = True, buffers: b
     symptom of a check and clause only a's run showed and one only b's run showed, read by that rule)."""
     ca, cb = clauses(a, buffers), clauses(b, buffers)
     groups = group_findings(findings, shown, buffers)
-    merged = sum(1 for g in groups if {check_clause(x, buffers) for x in g["symptoms"]} & (ca - cb)
-                 and {check_clause(x, buffers) for x in g["symptoms"]} & (cb - ca))
+    held = [{check_clause(x, buffers) for x in g["symptoms"]} for g in groups]
+    merged = sum(1 for h in held if h & (ca - cb) and h & (cb - ca))
     return dict(groups=len(groups), merged=merged, headlines=[g["headline"] for g in groups])
 
 
@@ -177,11 +178,8 @@ def _write(args, rows, pairs: bool = False) -> None:
     summary = _pairs_summary(rows) if pairs else dict(
         mutants=len(rows), several_signatures=len(several), one_group=sum(1 for r in several if len(r["groups"]) == 1),
         signatures=sum(len(r.get("signatures", [])) for r in rows), groups=sum(len(r.get("groups", [])) for r in rows))
-    tmp = Path(args.json).with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(base=args.base, seconds=args.seconds, date=time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                              time.gmtime()),
-                                   summary=summary, results=rows), indent=1))
-    tmp.replace(args.json)
+    write_atomic(args.json, json.dumps(dict(base=args.base, seconds=args.seconds, summary=summary, results=rows,
+                                            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), indent=1))
 
 
 if __name__ == "__main__":

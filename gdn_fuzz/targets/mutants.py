@@ -17,6 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from gdn_fuzz.environment import write_atomic
 from gdn_fuzz.targets.loading import PM_REFERENCE_PATH, REFERENCE_PATH, resolve_materialize_path, resolve_production_path
 
 
@@ -113,10 +114,7 @@ def materialize_mutant(m: Mutant | str, directory: Path | None = None) -> Path:
     d = Path(directory) if directory is not None else _mutant_dir()
     out = d / f"{m.base}_{m.name}_{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
     if not out.exists():
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
+        write_atomic(out, text)
     return out
 
 
