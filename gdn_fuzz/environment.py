@@ -68,17 +68,25 @@ def default_torch_threads(measure=free_cores) -> tuple[int, str] | None:
     return n, f"{cores} cores, {busy:.1f} kept busy by other processes"
 
 
-def write_atomic(path, text: str) -> None:
+def write_atomic(path, text: str, *, durable: bool = False, mode: int | None = None, prefix: str | None = None,
+                 suffix: str = ".tmp") -> None:
     """Write `text` to `path` through a temporary file in the same folder and os.replace: a reader sees the old
-    file or the whole new one, never a part (reports, study records, mutated copies)."""
+    file or the whole new one, never a part (corpus entries, reports, study records, mutated copies).  durable:
+    fsync before the rename; mode: the file's permissions (mkstemp's are 0600); prefix, suffix: the temporary
+    file's name (default ".NAME." and ".tmp"), for a folder whose cleanup knows them."""
     import tempfile
     from pathlib import Path
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}." if prefix is None else prefix, suffix=suffix)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -19,15 +19,15 @@ whole file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdn_fuzz.environment import dist_version
+from gdn_fuzz.environment import dist_version, write_atomic
 from gdn_fuzz.case import Case
 from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.findings import parse_launch
@@ -171,24 +171,13 @@ def write(entry: Entry, directory: Path | None = None, replace: bool = False) ->
         raise PermissionError(f"{why}; new entry {path.name} not written:\n" + json.dumps(entry.to_dict(), indent=1))
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".partial")
+        write_atomic(path, json.dumps(entry.to_dict(), indent=1, sort_keys=True) + "\n", durable=True, mode=0o644,
+                     prefix=".tmp-", suffix=".partial")
     except OSError as e:  # a read-only filesystem is EROFS, not a PermissionError: the caller reports both alike
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
         raise PermissionError(f"corpus {d} cannot be written ({e.strerror}); new entry {path.name} not written:\n"
                               + json.dumps(entry.to_dict(), indent=1)) from e
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(entry.to_dict(), fh, indent=1, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     entry.path = path
     return path, True
 
