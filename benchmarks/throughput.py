@@ -30,7 +30,8 @@ measured time reported apart from the warm-up's.
 
 The product command (--product SECONDS [--processes 1 4]).  For each process count N, N
 `gdn-fuzz run --target T --warm-up --seconds SECONDS --property launch --no-corpus --json ...`
-processes at once (crash isolation on, --torch-threads = cores / N each, seeds 0..N-1): checked
+processes at once (crash isolation on, --torch-threads = cores / N each, seeds 0..N-1; --pool-scales and
+--record-dir DIR pass `--pool-scales` and `--record DIR/nN-pI.jsonl` on): checked
 launches in total, per process, warm-up, the ratio to the first process count's total and to the
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
 
@@ -355,7 +356,12 @@ def run_product(args, target) -> dict:
         cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
                  "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
                  "--seed", str(i), "--torch-threads", str(threads), "--processes", "1", "--arms", *args.arms, "--T", *map(str, args.T),
-                 "--json", str(d / f"p{i}.json")] for i in range(n)]
+                 "--json", str(d / f"p{i}.json")]
+                + (["--pool-scales", *args.pool_scales] if args.pool_scales else [])
+                + (["--record", str(Path(args.record_dir) / f"n{n}-p{i}.jsonl")] if args.record_dir else [])
+                for i in range(n)]
+        if args.record_dir:
+            Path(args.record_dir).mkdir(parents=True, exist_ok=True)
         procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
         codes = [p.wait() for p in procs]
         recs = [json.loads((d / f"p{i}.json").read_text()) for i in range(n) if (d / f"p{i}.json").is_file()]
@@ -392,6 +398,10 @@ def main(argv=None):
     ap.add_argument("--campaign", type=float, metavar="SECONDS", help="campaign-throughput mode for SECONDS")
     ap.add_argument("--product", type=float, metavar="SECONDS", help="product-command mode: gdn-fuzz run for SECONDS")
     ap.add_argument("--processes", nargs="+", type=int, default=[1], help="product mode: process counts, one row each")
+    ap.add_argument("--pool-scales", nargs="+", help="product mode: `gdn-fuzz run --pool-scales` (default: the "
+                    "command's own default)")
+    ap.add_argument("--record-dir", help="product mode: each process's `gdn-fuzz run --record` file here "
+                    "(nN-pI.jsonl: one line per example, with its time and its check's seconds, check_s)")
     ap.add_argument("--geometries", nargs="+", help="campaign mode: HxHV list (default: the target's fuzz menu)")
     ap.add_argument("--buckets", nargs="+", type=int, help="campaign mode: batch buckets (default 4 8)")
     ap.add_argument("--seed", type=int, default=0, help="campaign mode: campaign seed")

@@ -216,6 +216,25 @@ for step in "$@"; do
         (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 250 python3 -m \
           gdn_fuzz.cli replay --device cuda "$R/corpus-base") > "$R/$step-base.txt" 2>&1; echo "$step base rc=$?"
       fi ;;
+    g32where)
+      # issue 32: where the product command's time goes (one process, bf16): each example's seconds in the record
+      # (t, and check_s: the isolated worker's check, IPC included), with the default pool scales and without,
+      # the GPU's utilization sampled by nvidia-smi every 250 ms meanwhile; then the in-process campaign under
+      # cProfile (Hypothesis against the check, on the host)
+      need_bundle
+      for ps in default none; do
+        extra=""; [ "$ps" = none ] && extra="--pool-scales none"
+        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$step-smi-$ps.csv" 2>&1 &
+        smi=$!
+        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+          --product "${PRODUCT_S:-30}" --processes ${WHERE_PROCS:-1} $extra --record-dir "$R/$step-rec-$ps" \
+          --json "$R/$step-$ps.json" > "$R/$step-$ps.txt" 2>&1
+        echo "$step $ps rc=$?"; kill $smi 2>/dev/null; tail -n 2 "$R/$step-$ps.txt" | cut -c1-240
+      done
+      timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+        --campaign "${CAMP_S:-15}" --draws device --profile cprofile --profile-seconds "${PROF_S:-10}" \
+        --json "$R/$step-camp.json" > "$R/$step-camp.txt" 2>&1
+      echo "$step camp rc=$?"; grep "^campaign:" "$R/$step-camp.txt" | cut -c1-240 ;;
     g32mutants)
       need_bundle
       timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \

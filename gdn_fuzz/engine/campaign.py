@@ -508,7 +508,9 @@ class Campaign:
         self.stats.launches += 1
         on_example()
         self._on_check(prop.name, case)
+        t_check = time.monotonic()
         found = self._check(prop, case)
+        check_s = time.monotonic() - t_check
         known_sigs = self.known_for(case)
         known, new = self.classify(found, case, known_sigs)
         for f in known:
@@ -519,7 +521,8 @@ class Campaign:
                 self.repeats[sig] += 1
         if self._records is not None:
             self._records.write(json.dumps(dict(
-                i=self.stats.examples, t=round(self.stats.elapsed, 3), prop=prop.name, **case.record_fields(),
+                i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5), prop=prop.name,
+                **case.record_fields(),
                 metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
                 signatures=sorted({f.signature() for f in found}),
                 known=sorted({f.signature() for f in known}))) + "\n")
