@@ -497,12 +497,12 @@ def test_inflight_files_are_per_process_and_private(tmp_path, monkeypatch):
         def full_disk(*a, **k):
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(isolation.json, "dump", full_disk)
+        monkeypatch.setattr(isolation.json, "dumps", full_disk)
         with pytest.raises(isolation.SetupError, match="No space left"):
             w.check("launch", OK)
         assert list(shared.iterdir()) == []
         monkeypatch.undo()
-        w._save_inflight("launch", OK)  # as if a check had been sent and answered
+        w._save_inflight("launch", OK.to_dict())  # as if a check had been sent and answered
         assert w.inflight_path.exists()
     finally:
         w.close()

@@ -235,6 +235,20 @@ for step in "$@"; do
         --campaign "${CAMP_S:-15}" --draws device --profile cprofile --profile-seconds "${PROF_S:-10}" \
         --json "$R/$step-camp.json" > "$R/$step-camp.txt" 2>&1
       echo "$step camp rc=$?"; grep "^campaign:" "$R/$step-camp.txt" | cut -c1-240 ;;
+    g32pipe)
+      # issue 32: the product command (bf16) with one round at a time against rounds at once (--pipeline), each
+      # run's per-example record and the GPU's utilization; PIPE_RUNS: "PIPELINE:POOLSCALES:PROCESSES[:TAG] ..."
+      need_bundle
+      for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
+        IFS=: read -r pl ps np tag <<< "$run"
+        name="$step-p$pl-$ps-n$np${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
+        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
+        smi=$!
+        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+          --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
+          --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200
+      done ;;
     g32mutants)
       need_bundle
       timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \

@@ -15,7 +15,7 @@ from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
-from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S
+from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S, parse_pipeline
 from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, NARROW_COLUMNS, plan
 from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
@@ -46,6 +46,7 @@ def validate_run_args(args) -> None:
                          "default $GDN_FUZZ_SEEDS_PER_EXAMPLE)")
     try:
         parse_processes(getattr(args, "processes", "auto"))
+        parse_pipeline(getattr(args, "pipeline", None))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.restarts < 0:
@@ -353,6 +354,11 @@ def add_parser(sub) -> None:
                    help="value seeds checked per drawn structure (the drawn seed, then seeds derived from it; each one "
                         "checked launch; a failing one is shrunk and stored with its own seed); default "
                         "$GDN_FUZZ_SEEDS_PER_EXAMPLE, else 1")
+    r.add_argument("--pipeline", default=os.environ.get("GDN_FUZZ_PIPELINE") or "auto", metavar="N|auto",
+                   help="Hypothesis rounds each campaign process runs at once, on threads, so that one round draws its "
+                        "next example while another's case is checked (the checks stay one at a time); auto (default; "
+                        "$GDN_FUZZ_PIPELINE sets another): 2 for an isolated campaign on a CUDA device, else 1 (one "
+                        "round after another: a seed's sequence of checks is deterministic)")
     r.add_argument("--fail-on-known", action="store_true",
                    help=f"exit {EXIT_KNOWN_ONLY} when the only findings are known bugs (open corpus entries of this "
                         f"target); by default they are listed and the exit code is {EXIT_OK}")

@@ -47,7 +47,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -92,6 +94,33 @@ def value_seed(seed: int, i: int) -> int:
 DEFAULT_SHRINK_GRACE_S = 10.0
 
 
+def pipeline_default(device: str, isolate: bool) -> int:
+    """Rounds a campaign runs at once (Campaign.pipeline) when not told: 2 for an isolated campaign on a CUDA device,
+    where one round's Hypothesis draws (~4.5 ms of host time per example on the H100's host, run 78) overlap the
+    other round's check in the worker process (~5.5 ms, most of it host time too); 1 elsewhere: on a CPU the check
+    takes the cores the draws would use, and one round at a time keeps a seed's sequence of checks deterministic."""
+    return 2 if isolate and str(device).startswith("cuda") else 1
+
+
+def parse_pipeline(spec) -> int | None:
+    """--pipeline: None or 'auto' -> None (pipeline_default), 'N' (1 <= N <= MAX_PIPELINE) -> N.  Raises ValueError,
+    one line naming the option, the value and the fix."""
+    if spec is None:
+        return None
+    s = str(spec).strip()
+    if s == "auto":
+        return None
+    env = " (from $GDN_FUZZ_PIPELINE)" if s and os.environ.get("GDN_FUZZ_PIPELINE", "").strip() == s else ""
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PIPELINE:
+        raise ValueError(f"--pipeline={s}{env}: give the rounds to run at once: a whole number in [1, {MAX_PIPELINE}] "
+                         "(e.g. --pipeline 2) or auto")
+    return n
+
+
 SPARE_ENV = "GDN_FUZZ_SPARE_WORKER"
 
 
@@ -103,6 +132,17 @@ def spare_worker_default(device: str) -> bool:
     which = environment.choice(SPARE_ENV, ("auto", "on", "off"),
                                "auto: a spare worker on a CUDA device; on: always; off: never")
     return str(device).startswith("cuda") if which == "auto" else which == "on"
+
+
+MAX_PIPELINE = 8  # Campaign.pipeline's largest value
+
+
+@dataclass
+class _RoundState:
+    """What one running round keeps of its own (Campaign.run: several rounds may run at once)."""
+
+    new: list = field(default_factory=list)  # signatures first seen in this round, in order
+    spent_at: float | None = None  # campaign seconds when the budget was found spent while it shrank (the grace's start)
 
 
 class BudgetSpent(BaseException):
@@ -252,6 +292,8 @@ class Campaign:
     # isolated: a spare worker process starts in the background for the fresh-process confirmation of a new failure
     # (Worker.spare); None: $GDN_FUZZ_SPARE_WORKER (spare_worker_default)
     spare_worker: bool | None = None
+    # rounds run at once, each Hypothesis run on its own thread (run()'s docstring); None: pipeline_default
+    pipeline: int | None = None
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -264,6 +306,12 @@ class Campaign:
         k = self.seeds_per_example
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
+        if self.pipeline is None:
+            self.pipeline = pipeline_default(self.device, self.isolate)
+        d = self.pipeline
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_PIPELINE:
+            raise ValueError(f"pipeline={self.pipeline!r}: give an int in [1, {MAX_PIPELINE}] (rounds at once; 1: one "
+                             "round at a time)")
         g = self.shrink_grace_s
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
             raise ValueError(f"shrink_grace_s={g!r}: give a number of seconds >= 0")
@@ -278,9 +326,12 @@ class Campaign:
         else:
             self._records = open(self.record_path, "a")
         self._deadline = None  # (seconds, examples) of the running budget
-        self._spent_at = None  # campaign seconds when the budget was found spent while shrinking (the grace's start)
         self._first: dict = {}  # signature -> (t, examples, prop) of its first failing example
-        self._round_new: list = []  # signatures first seen in the running round
+        self._owner: dict = {}  # signature -> the running round (_RoundState) that is shrinking it
+        self._tls = threading.local()  # .round: the _RoundState of the round this thread runs
+        self._lock = threading.RLock()  # the campaign's bookkeeping and the callbacks, one round at a time
+        self._check_lock = threading.Lock()  # the check (the isolated worker, its spare), one round at a time
+        self._halt = False  # stop_on_finding was met: running rounds end as on a spent budget
         self._stop_requested = False  # a Ctrl-C seen by run()'s SIGINT handler
         self._best: dict = {}  # signature -> (prop, case, findings) of its latest failing example
         self._learned: dict = {}  # signature -> entry name, told by another thread (learn()), not yet in known
@@ -371,22 +422,34 @@ class Campaign:
         except PermissionError as e:  # a read-only corpus (CI): the finding is still reported
             f.entry_note = str(e).splitlines()[0]
 
+    @property
+    def _rs(self) -> "_RoundState":
+        """The state of the round this thread runs."""
+        return self._tls.round
+
     def _in_grace(self) -> bool:
         """The budget is spent: may this round's shrinking go on?  Yes while a failure first seen in this round is
-        being shrunk and less than shrink_grace_s has passed since the budget was found spent."""
-        if not (self.shrink and self.shrink_grace_s > 0 and self._round_new) or self._stop_requested:
+        being shrunk and less than shrink_grace_s has passed since the budget was found spent (never after
+        stop_on_finding was met)."""
+        rs = self._rs
+        if not (self.shrink and self.shrink_grace_s > 0 and rs.new) or self._stop_requested or self._halt:
             return False
-        if self._spent_at is None:
-            self._spent_at = self.stats.elapsed
-        return self.stats.elapsed - self._spent_at < self.shrink_grace_s
+        if rs.spent_at is None:
+            rs.spent_at = self.stats.elapsed
+        return self.stats.elapsed - rs.spent_at < self.shrink_grace_s
 
     def _end_grace(self) -> None:
-        """The round ended: count the seconds it shrank past the budget."""
-        if self._spent_at is not None:
-            self.stats.grace_s += self.stats.elapsed - self._spent_at
-            self._spent_at = None
+        """The round ended: the seconds it shrank past the budget (with rounds at once, the longest of them: the
+        wall time the grace added; one round at a time only the last round can be in grace)."""
+        rs = self._rs
+        if rs.spent_at is not None:
+            with self._lock:
+                self.stats.grace_s = max(self.stats.grace_s, self.stats.elapsed - rs.spent_at)
+            rs.spent_at = None
 
     def budget_spent(self) -> bool:
+        if self._halt:
+            return True
         if self._deadline is None:
             return False
         seconds, examples = self._deadline
@@ -447,8 +510,7 @@ class Campaign:
                 if exc is not None:
                     raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
 
-        self._round_new = []
-        self._spent_at = None
+        rs = self._rs
         try:
             body()
         except BudgetSpent:
@@ -464,7 +526,7 @@ class Campaign:
                 t, n, _ = self._first.get(x.signature, (round_started, None, prop.name))
                 out.append(CampaignFinding(prop.name, x.case, x.findings, signature=x.signature, first_t=t,
                                            first_examples=n, shrink_s=self.stats.elapsed - t,
-                                           shrunk=self.shrink and (self._spent_at is not None or not self.budget_spent()),
+                                           shrunk=self.shrink and (rs.spent_at is not None or not self.budget_spent()),
                                            flaky=flaky))
             self._end_grace()
             return out
@@ -488,7 +550,7 @@ class Campaign:
         round with its best case so far (the latest failing example of its signature: the
         shrinker's current target), shrunk=False."""
         out = []
-        for sig in dict.fromkeys([*self._round_new, *replayed]):
+        for sig in dict.fromkeys([*self._rs.new, *replayed]):
             t, n, _ = self._first[sig]
             if sig in replayed:
                 x = replayed[sig]
@@ -501,59 +563,73 @@ class Campaign:
         return out
 
     def _example(self, prop: Property, case: Case, on_example, on_first) -> PropertyFailed | None:
-        """Check one case; the failure to raise (for its first new signature) or None."""
-        n_before = self.stats.examples
-        self.stats.note_example(prop.name)
-        self.stats.examples += 1
-        self.stats.launches += 1
-        on_example()
-        self._on_check(prop.name, case)
-        t_check = time.monotonic()
-        found = self._check(prop, case)
-        check_s = time.monotonic() - t_check
-        known_sigs = self.known_for(case)
-        known, new = self.classify(found, case, known_sigs)
-        for f in known:
-            sig = f.signature()
-            if sig in known_sigs:
-                self.known_hits[sig] += 1
-            else:
+        """Check one case; the failure to raise (for its first new signature) or None.  With rounds at once
+        (pipeline > 1) the bookkeeping and the callbacks hold self._lock and the check holds self._check_lock (the
+        worker checks one case at a time): a round's check overlaps the other rounds' Hypothesis draws."""
+        rs = self._rs
+        with self._lock:
+            n_before = self.stats.examples
+            self.stats.note_example(prop.name)
+            self.stats.examples += 1
+            self.stats.launches += 1
+            on_example()
+        with self._check_lock:
+            self._on_check(prop.name, case)
+            t_check = time.monotonic()
+            found = self._check(prop, case)
+            check_s = time.monotonic() - t_check
+        with self._lock:
+            known_sigs = self.known_for(case)
+            known, new = self.classify(found, case, known_sigs)
+            for f in known:
+                sig = f.signature()
+                if sig in known_sigs:
+                    self.known_hits[sig] += 1
+                else:
+                    self.repeats[sig] += 1
+            if self._records is not None:
+                self._records.write(json.dumps(dict(
+                    i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5), prop=prop.name,
+                    **case.record_fields(), metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
+                    signatures=sorted({f.signature() for f in found}),
+                    known=sorted({f.signature() for f in known}))) + "\n")
+            if not new:
+                return None
+            sig = min(f.signature() for f in new)  # one signature per failing example, deterministically
+            if self._owner.get(sig, rs) is not rs:  # another running round is shrinking it: a repeat here
                 self.repeats[sig] += 1
-        if self._records is not None:
-            self._records.write(json.dumps(dict(
-                i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5), prop=prop.name,
-                **case.record_fields(),
-                metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
-                signatures=sorted({f.signature() for f in found}),
-                known=sorted({f.signature() for f in known}))) + "\n")
-        if not new:
-            return None
-        sig = min(f.signature() for f in new)  # one signature per failing example, deterministically
-        if sig not in self._first and self._worker is not None:
+                return None
+            confirm = sig not in self._first and self._worker is not None
+        if confirm:
             # a kernel bug only if it comes back in a fresh worker process (not an artefact of a
             # worker poisoned by an earlier launch, nor of a flaky machine); checked at once, on the
             # first failing case, so that the check is paid inside the budget
-            again = self._worker.reproduces(prop.name, case, sig)
+            with self._check_lock:
+                again = self._worker.reproduces(prop.name, case, sig)
             if again is not True:
-                self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
-                                                      findings=[str(f) for f in found]))
+                with self._lock:
+                    self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
+                                                          findings=[str(f) for f in found]))
                 return None
-        if sig in self.unconfirmed:
-            return None
-        self._best[sig] = (prop.name, case, found)
-        if sig not in self._first:
-            t = self.stats.elapsed
-            self._first[sig] = (t, n_before, prop.name)
-            self._round_new.append(sig)
-            on_first(sig, prop.name, case, found, t, n_before)
+        with self._lock:
+            if sig in self.unconfirmed or self._owner.get(sig, rs) is not rs:
+                return None
+            self._best[sig] = (prop.name, case, found)
+            if sig not in self._first:
+                t = self.stats.elapsed
+                self._first[sig] = (t, n_before, prop.name)
+                self._owner[sig] = rs
+                rs.new.append(sig)
+                on_first(sig, prop.name, case, found, t, n_before)
         return failure_class(sig)(case, list(found), sig)
 
     def _keep(self, f: CampaignFinding, on_finding) -> None:
-        if f.signature in self.findings:
-            return
-        self.findings[f.signature] = f  # isolated: its first failing case came back in a fresh worker
-        self._record(f)
-        on_finding(f)
+        with self._lock:
+            if f.signature in self.findings:
+                return
+            self.findings[f.signature] = f  # isolated: its first failing case came back in a fresh worker
+            self._record(f)
+            on_finding(f)
 
     def recheck(self, prop_name: str, case: Case, on_finding=lambda f: None) -> dict:
         """Check one case in a fresh isolated worker process (whatever `isolate` says): the case a lost
@@ -606,33 +682,58 @@ class Campaign:
         its driver the case in flight).  KeyboardInterrupt or request_stop() stops the campaign;
         failures already seen are kept (stored with their best case so far, shrunk=False) and
         `interrupted` is set.
+
+        pipeline = N > 1: N threads each take the next round of the same sequence (the same round seeds, the same
+        sizes) and run it as its own Hypothesis run (Hypothesis >= 6.136 runs tests on several threads; a round's
+        draws are those it makes alone: tests/test_pipeline.py), so that one round draws its next example while
+        another's case is checked: the check (the isolated worker) takes one case at a time, the bookkeeping and
+        the callbacks are serialized by a lock.  A signature a running round is shrinking counts as a repeat in
+        the others.  The order in which the rounds' checks reach the worker then depends on timing (which
+        signatures a round sees as known, the record's order); pipeline = 1 runs the rounds one after another in
+        this thread, as before.  The callbacks run on the rounds' threads, one at a time.
         """
         if seconds is None and examples is None:
             raise ValueError("give a budget: seconds=... or examples=... (both may be set; the first reached stops)")
         compiles0 = self._compiles()
         self._deadline = (seconds, examples)
         self._on_check = on_check
+        self._halt = False
         restore = self._catch_sigint()
-        size = max(1, min(self.first_round_examples, self.round_examples))
-        try:
-            while True:
-                for prop in self.properties:
-                    if self._stop_requested:
-                        raise KeyboardInterrupt
-                    if self.budget_spent():
-                        return self
-                    self._absorb_learned()
-                    t0 = self.stats.elapsed
-                    found = self._round(prop, self.seed * 1_000_003 + self.stats.rounds, on_example, on_first, n=size)
+        plan = self._round_plan()
+
+        def next_round():
+            with self._lock:
+                if self._stop_requested:
+                    raise KeyboardInterrupt
+                if self.budget_spent():
+                    return None
+                self._absorb_learned()
+                return next(plan)
+
+        def run_rounds():
+            while (r := next_round()) is not None:
+                i, prop, size = r
+                self._tls.round = rs = _RoundState()
+                t0 = self.stats.elapsed
+                found = self._round(prop, self.seed * 1_000_003 + i, on_example, on_first, n=size)
+                with self._lock:
                     if prop.name in self.stats.per_property:
                         self.stats.per_property[prop.name]["seconds"] += self.stats.elapsed - t0
                     self.stats.rounds += 1
                     self.stats.compiles = self._compiles() - compiles0
                     for f in sorted(found, key=lambda x: x.signature):
                         self._keep(f, on_finding)
+                    for sig in rs.new:  # kept (or cut short): no longer this round's
+                        self._owner.pop(sig, None)
                     if self.stop_on_finding and self.findings:
-                        return self
-                size = min(2 * size, self.round_examples)
+                        self._halt = True
+
+        try:
+            if self.pipeline == 1:
+                run_rounds()
+            else:
+                self._run_threads(run_rounds)
+            return self
         except KeyboardInterrupt:
             self.interrupted = True
             for sig, (pname, case, found) in sorted(self._best.items()):
@@ -645,8 +746,47 @@ class Campaign:
             self._deadline = None
             self._on_check = lambda prop, case: None
             self._stop_requested = False  # this run's stop is spent (a later run() starts afresh)
+            self._owner.clear()
             self.stats.compiles = self._compiles() - compiles0
             self.close()
+
+    def _round_plan(self):
+        """(round index, property, size) of every round of a run, in order: passes over the properties, the size
+        doubling each pass from first_round_examples up to round_examples; the index (the round's seed) goes on
+        from the rounds of earlier runs."""
+        size = max(1, min(self.first_round_examples, self.round_examples))
+        i = self.stats.rounds
+        while True:
+            for prop in self.properties:
+                yield i, prop, size
+                i += 1
+            size = min(2 * size, self.round_examples)
+
+    def _run_threads(self, run_rounds) -> None:
+        """run_rounds on `pipeline` threads until each ends; the first error of a thread (a KeyboardInterrupt last)
+        is raised here, once every thread has stopped (an error stops the others at their next example)."""
+        errors: list = []
+
+        def main():
+            try:
+                run_rounds()
+            except BaseException as e:  # noqa: BLE001 - raised in the calling thread below
+                with self._lock:
+                    errors.append(e)
+                self._stop_requested = True
+
+        threads = [threading.Thread(target=main, name=f"gdn-fuzz-round-{k}", daemon=True)
+                   for k in range(self.pipeline)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                try:
+                    t.join(0.2)
+                except KeyboardInterrupt:  # a second Ctrl-C: every round stops at its next example
+                    self._stop_requested = True
+        if errors:
+            raise next((e for e in errors if not isinstance(e, KeyboardInterrupt)), errors[0])
 
     def close(self) -> None:
         """Stop the isolated worker (a later check starts a fresh one) and flush the record file.

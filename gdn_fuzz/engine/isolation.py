@@ -530,8 +530,9 @@ class Worker:
 
     # ---------------------------------------------------------------- files
 
-    def _save_inflight(self, prop: str, case: Case) -> None:
-        """Write the case to inflight_path atomically (no temp file left behind on failure)."""
+    def _save_inflight(self, prop: str, case_d: dict) -> None:
+        """Write the case (case_d: its to_dict()) to inflight_path atomically (no temp file left behind on
+        failure)."""
         path = self.inflight_path
         if self._private_dir and not self._cleanup.alive:  # used again after close()
             self.inflight_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -540,8 +541,8 @@ class Worker:
         try:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.inflight_dir, prefix=f".{path.stem}-", suffix=".tmp")
-            with os.fdopen(fd, "w") as fh:
-                json.dump(dict(property=prop, target=self.target_name, case=case.to_dict()), fh)
+            with os.fdopen(fd, "w") as fh:  # one write (json.dump writes piece by piece)
+                fh.write(json.dumps(dict(property=prop, target=self.target_name, case=case_d)))
             os.replace(tmp, path)  # on disk before the launch
         except BaseException as e:
             if tmp is not None:
@@ -616,10 +617,11 @@ class Worker:
         allocation failure are findings too).  Raises SetupError when the environment cannot
         run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
         self.start()
-        self._save_inflight(prop, case)
+        case_d = case.to_dict()
+        self._save_inflight(prop, case_d)
         self._last_finished = False
         try:
-            self._conn.send((prop, case.to_dict()))
+            self._conn.send((prop, case_d))
         except (BrokenPipeError, OSError):
             self._proc.join(timeout=5)
             words, outcome = self._exit_words(self._proc)

@@ -86,6 +86,7 @@ class WorkerSpec:
     draws: str = "auto"
     seeds_per_example: int = 1
     shrink_grace: float = 0.0  # Campaign.shrink_grace_s
+    pipeline: int | None = None  # Campaign.pipeline (None: campaign.pipeline_default of its device)
     warm_up: bool = False
     fail_on_known: bool = False
     known: dict = field(default_factory=dict)  # signature -> corpus entry name (the driver's corpus)
@@ -130,7 +131,7 @@ def make_campaign(spec: WorkerSpec, target, *, corpus_dir=None, record=None) -> 
                     record_path=record, known=dict(spec.known), launch_timeout_s=spec.launch_timeout,
                     torch_threads=spec.torch_threads, draws=resolve_draws(spec.draws, spec.device),
                     seeds_per_example=spec.seeds_per_example, pool_scales=pool_scales,
-                    shrink_grace_s=spec.shrink_grace)
+                    shrink_grace_s=spec.shrink_grace, pipeline=spec.pipeline)
     return camp, note
 
 
@@ -149,6 +150,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 properties=[p.name for p in camp.properties], buckets=list(camp.buckets),
                 pool_scales=list(camp.pool_scales), seed=spec.seed, examples=s.examples, launches=s.launches,
                 compiles=s.compiles, structures=s.structures, seeds_per_example=spec.seeds_per_example,
+                pipeline=camp.pipeline,
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, graphs=camp.graph_counts(),

@@ -197,13 +197,25 @@ def check_fits_materialize(mod: ModuleType, arm: Arm, path: Path) -> None:
                                  f"to another arm's flush module (PMD3) or ignored {', '.join(ENV_VARS)}")
 
 
+_RESOLVED: dict = {}
+
+
+def _resolved(path) -> str:
+    """str(Path(path).resolve()), remembered per path as given: every launch asks for its module, and resolving
+    is a few file-system calls (~80 us, measured on the CPU machine: a share of an isolated check's host time)."""
+    got = _RESOLVED.get(path)
+    if got is None:
+        got = _RESOLVED[path] = str(Path(path).resolve())
+    return got
+
+
 def load_module(path: Path, arm: Arm | str, entry: str = ENTRY) -> ModuleType:
     """One module instance per (file, arm), imported with the arm's env vars scoped to the import.
 
     A module that compiles with the CuTe DSL gets a disk-backed kernel store in place of its
     `_CACHE` dict (gdn_fuzz.targets.kernel_store; GDN_FUZZ_KERNEL_STORE=off keeps it in memory)."""
     arm = get_arm(arm) if isinstance(arm, str) else arm
-    key = (str(Path(path).resolve()), arm.name)
+    key = (_resolved(path), arm.name)
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
