@@ -214,3 +214,21 @@ def test_the_command_line_option_reaches_the_campaign(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["pipeline"] == 2 and rec["launches"] == 6
 
+
+
+def test_the_switch_interval_is_short_while_rounds_run_at_once_and_put_back():
+    """With rounds at once the interpreter hands its lock over every PIPELINE_SWITCH_S (a round whose check came
+    back gets it while another draws), and the interval in force before run() is put back when it ends."""
+    import sys
+
+    from gdn_fuzz.engine.campaign import PIPELINE_SWITCH_S
+
+    before = sys.getswitchinterval()
+    for pipeline, want in ((1, before), (2, min(before, PIPELINE_SWITCH_S))):
+        c = _campaign(seed=1, pipeline=pipeline)
+        seen = []
+        check = c._check
+        c._check = lambda prop, case: seen.append(sys.getswitchinterval()) or check(prop, case)
+        c.run(examples=4)
+        assert seen and all(x == pytest.approx(want, rel=1e-6) for x in seen)  # stored in whole microseconds
+        assert sys.getswitchinterval() == before
