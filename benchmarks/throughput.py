@@ -351,12 +351,12 @@ def run_product(args, target) -> dict:
     out = dict(meta=_meta(args, target), seconds=args.product, anchor_per_30s=ANCHOR_PER_30S, runs=[])
     base = None
     for n in args.processes:
-        d = Path(tempfile.mkdtemp(prefix="gdn_fuzz_product_"))
+        d = Path(args.record_dir) if args.record_dir else Path(tempfile.mkdtemp(prefix="gdn_fuzz_product_"))
         threads = max(1, cores // n)
         cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
                  "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
                  "--seed", str(i), "--torch-threads", str(threads), "--processes", "1", "--arms", *args.arms, "--T", *map(str, args.T),
-                 "--json", str(d / f"p{i}.json")]
+                 "--json", str(d / f"n{n}-p{i}.json")]
                 + (["--pool-scales", *args.pool_scales] if args.pool_scales else [])
                 + (["--pipeline", args.pipeline] if args.pipeline else [])
                 + (["--record", str(Path(args.record_dir) / f"n{n}-p{i}.jsonl")] if args.record_dir else [])
@@ -365,7 +365,7 @@ def run_product(args, target) -> dict:
             Path(args.record_dir).mkdir(parents=True, exist_ok=True)
         procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
         codes = [p.wait() for p in procs]
-        recs = [json.loads((d / f"p{i}.json").read_text()) for i in range(n) if (d / f"p{i}.json").is_file()]
+        recs = [json.loads((d / f"n{n}-p{i}.json").read_text()) for i in range(n) if (d / f"n{n}-p{i}.json").is_file()]
         total = sum(r["launches"] for r in recs)
         per30 = sum(r["launches"] * 30 / r["seconds"] for r in recs)
         base = per30 if base is None else base
@@ -405,7 +405,8 @@ def main(argv=None):
     ap.add_argument("--pipeline", help="product mode: `gdn-fuzz run --pipeline` (rounds at once per process; default: "
                     "the command's own, auto)")
     ap.add_argument("--record-dir", help="product mode: each process's `gdn-fuzz run --record` file here "
-                    "(nN-pI.jsonl: one line per example, with its time and its check's seconds, check_s)")
+                    "(nN-pI.jsonl: one line per example, with its time and its check's seconds, check_s; "
+                    "benchmarks/record_split.py reads them), and each process's --json record (nN-pI.json)")
     ap.add_argument("--geometries", nargs="+", help="campaign mode: HxHV list (default: the target's fuzz menu)")
     ap.add_argument("--buckets", nargs="+", type=int, help="campaign mode: batch buckets (default 4 8)")
     ap.add_argument("--seed", type=int, default=0, help="campaign mode: campaign seed")
