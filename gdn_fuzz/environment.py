@@ -18,6 +18,26 @@ def choice(var: str, choices: tuple, meaning: str) -> str:
     return val
 
 
+def count_or_auto(spec, option: str, var: str, what: str, hi: int | None = None, example: int = 2) -> int | None:
+    """A command-line count that may be 'auto' (--processes, --pipeline): None for 'auto' (or None), else the whole
+    number N, 1 <= N (<= hi).  ValueError otherwise, one line naming the option, the value (and that it came from
+    $var, when it did) and the fix (`example`: the number the fix shows); `what` says what the number counts."""
+    if spec is None:
+        return None
+    s = str(spec).strip()
+    if s == "auto":
+        return None
+    env = f" (from ${var})" if s and os.environ.get(var, "").strip() == s else ""
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if n < 1 or (hi is not None and n > hi):
+        within = f"in [1, {hi}]" if hi is not None else ">= 1"
+        raise ValueError(f"{option}={s}{env}: give {what}: a whole number {within} (e.g. {option} {example}) or auto")
+    return n
+
+
 def dist_version(dist: str, missing: str | None = "not installed") -> str | None:
     """The installed version of distribution `dist` (its metadata; nothing is imported), or `missing`."""
     try:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import random
 import sys
 import threading
@@ -106,20 +105,7 @@ def pipeline_default(device: str, isolate: bool) -> int:
 def parse_pipeline(spec) -> int | None:
     """--pipeline: None or 'auto' -> None (pipeline_default), 'N' (1 <= N <= MAX_PIPELINE) -> N.  Raises ValueError,
     one line naming the option, the value and the fix."""
-    if spec is None:
-        return None
-    s = str(spec).strip()
-    if s == "auto":
-        return None
-    env = " (from $GDN_FUZZ_PIPELINE)" if s and os.environ.get("GDN_FUZZ_PIPELINE", "").strip() == s else ""
-    try:
-        n = int(s)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_PIPELINE:
-        raise ValueError(f"--pipeline={s}{env}: give the rounds to run at once: a whole number in [1, {MAX_PIPELINE}] "
-                         "(e.g. --pipeline 2) or auto")
-    return n
+    return environment.count_or_auto(spec, "--pipeline", "GDN_FUZZ_PIPELINE", "the rounds to run at once", MAX_PIPELINE)
 
 
 SPARE_ENV = "GDN_FUZZ_SPARE_WORKER"

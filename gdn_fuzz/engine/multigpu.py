@@ -35,6 +35,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from gdn_fuzz import environment
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_TERMINATED
 from gdn_fuzz.engine.fleet import TERM_GRACE_S, Fleet, plan
@@ -61,18 +62,7 @@ def parse_gpus(spec: str) -> list[str]:
 def parse_processes(spec) -> int | None:
     """--processes: 'auto' -> None, 'N' (N >= 1) -> N.  Raises ValueError, one line naming the option,
     the value and the fix."""
-    s = str(spec).strip()
-    if s == "auto":
-        return None
-    env = " (from $GDN_FUZZ_PROCESSES)" if s and os.environ.get("GDN_FUZZ_PROCESSES", "").strip() == s else ""
-    try:
-        n = int(s)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"--processes={s}{env}: give processes per device: a whole number >= 1 "
-                         "(e.g. --processes 4) or auto")
-    return n
+    return environment.count_or_auto(spec, "--processes", "GDN_FUZZ_PROCESSES", "processes per device", example=4)
 
 
 def auto_processes(device: str, gpus: int = 1, cores: int | None = None) -> int:
