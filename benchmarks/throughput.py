@@ -31,7 +31,8 @@ measured time reported apart from the warm-up's.
 The product command (--product SECONDS [--processes 1 4]).  For each process count N, N
 `gdn-fuzz run --target T --warm-up --seconds SECONDS --property launch --no-corpus --json ...`
 processes at once (crash isolation on, --torch-threads = cores / N each, seeds 0..N-1; --pool-scales and
---record-dir DIR pass `--pool-scales` and `--record DIR/nN-pI.jsonl` on, --pipeline `--pipeline`): checked
+--record-dir DIR pass `--pool-scales` and `--record DIR/nN-pI.jsonl` on, --pipeline `--pipeline`,
+--seeds-per-example `--seeds-per-example`): checked
 launches in total, per process, warm-up, the ratio to the first process count's total and to the
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
 
@@ -359,6 +360,7 @@ def run_product(args, target) -> dict:
                  "--json", str(d / f"n{n}-p{i}.json")]
                 + (["--pool-scales", *args.pool_scales] if args.pool_scales else [])
                 + (["--pipeline", args.pipeline] if args.pipeline else [])
+                + (["--seeds-per-example", str(args.seeds_per_example)] if args.seeds_per_example else [])
                 + (["--record", str(Path(args.record_dir) / f"n{n}-p{i}.jsonl")] if args.record_dir else [])
                 for i in range(n)]
         if args.record_dir:
@@ -374,6 +376,8 @@ def run_product(args, target) -> dict:
                    warmup_s=[round(r["warmup_s"], 1) for r in recs], ratio_to_first=per30 / base if base else None,
                    ratio_to_anchor=per30 / ANCHOR_PER_30S)
         run["pipeline"] = [r.get("pipeline") for r in recs]
+        run["seeds_per_example"] = [r.get("seeds_per_example") for r in recs]
+        run["structures"] = [r.get("structures") for r in recs]
         out["runs"].append(run)
         print(f"{n} process(es) x {threads} threads: {total} checked launches ({per30:.0f} per 30 s; per process "
               f"{run['per_process']}), warm-up {run['warmup_s']} s, {run['ratio_to_first']:.2f}x the first row, "
@@ -404,6 +408,8 @@ def main(argv=None):
                     "command's own default)")
     ap.add_argument("--pipeline", help="product mode: `gdn-fuzz run --pipeline` (rounds at once per process; default: "
                     "the command's own, auto)")
+    ap.add_argument("--seeds-per-example", type=int, help="product mode: `gdn-fuzz run --seeds-per-example K` "
+                    "(value seeds checked per drawn structure; default: the command's own, 1)")
     ap.add_argument("--record-dir", help="product mode: each process's `gdn-fuzz run --record` file here "
                     "(nN-pI.jsonl: one line per example, with its time and its check's seconds, check_s; "
                     "benchmarks/record_split.py reads them), and each process's --json record (nN-pI.json)")

@@ -237,11 +237,13 @@ for step in "$@"; do
       echo "$step camp rc=$?"; grep "^campaign:" "$R/$step-camp.txt" | cut -c1-240 ;;
     g32pipe)
       # issue 32: the product command (bf16) with one round at a time against rounds at once (--pipeline), each
-      # run's per-example record and the GPU's utilization; PIPE_RUNS: "PIPELINE:POOLSCALES:PROCESSES[:TAG] ..."
+      # run's per-example record and the GPU's utilization; PIPE_RUNS: "PIPELINE:POOLSCALES:PROCESSES[:TAG[:K]] ..."
+      # (K: value seeds per drawn structure, --seeds-per-example; empty: the command's default)
       need_bundle
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
-        IFS=: read -r pl ps np tag <<< "$run"
-        name="$step-p$pl-$ps-n$np${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
+        IFS=: read -r pl ps np tag k <<< "$run"
+        name="$step-p$pl-$ps-n$np${k:+-k$k}${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
+        [ -n "$k" ] && extra="$extra --seeds-per-example $k"
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
         timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
