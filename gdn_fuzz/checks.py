@@ -52,8 +52,8 @@ def _nonfinite(t: torch.Tensor, dims) -> torch.Tensor:
 
 
 def _check_case_cursors(case: Case) -> None:
-    """ring_oracle.check_cursors on the Case's own rows, as CPU tensors (no device round trip)."""
-    ring_oracle.check_cursors(torch.tensor([r.slot for r in case.rows]), torch.tensor([r.hist_len for r in case.rows]))
+    """ring_oracle.check_cursors on the Case's own rows, as host integers (no device round trip, no tensor op)."""
+    ring_oracle.check_row_cursors([r.slot for r in case.rows], [r.hist_len for r in case.rows])
 
 
 def _oracle_inputs(obs: Observation, flush_min=None) -> dict:

@@ -30,15 +30,26 @@ def ring_slots(base, start: int, count: int):
     return (base.long()[:, None] + j[None, :]) & RING_MASK
 
 
+def _cursor_error(hist_len: list) -> ValueError:
+    return ValueError(f"hist_len of non-pad rows must lie in [0, {W_RING}] for the ring model; got {hist_len}")
+
+
 def check_cursors(idx, hist_len) -> None:
     """hist_len of non-pad rows must lie in [0, 16] (the ring model's domain).
 
     One host sync when the cursors live on a GPU: callers that know the cursors already
-    (checks.expectation validates them from the Case's rows) pass validate=False.
+    (checks.expectation validates them from the Case's rows, check_row_cursors) pass validate=False.
     """
     P = hist_len.long()
     if bool(((P > W_RING) | (P < 0))[idx.long() >= 0].any()):
-        raise ValueError(f"hist_len of non-pad rows must lie in [0, {W_RING}] for the ring model; got {P.tolist()}")
+        raise _cursor_error(P.tolist())
+
+
+def check_row_cursors(slots, hist_lens) -> None:
+    """check_cursors on host integers (a Case's rows: slot < 0 is a pad row), with the same error and no tensor
+    op: a check calls it once per launch, where check_cursors' dozen small CPU tensor ops took ~0.19 ms."""
+    if any(p > W_RING or p < 0 for s, p in zip(slots, hist_lens) if s >= 0):
+        raise _cursor_error(list(hist_lens))
 
 
 def gather_window(k_cache, u_cache, g_cache, idx, hist_len, cache_base, HV: int, *, validate: bool = True):

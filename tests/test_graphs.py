@@ -22,6 +22,7 @@ from gdn_fuzz import checks, graphs
 from gdn_fuzz.case import BETAS, DECAYS, KEYS, Case, Regime, Row, graph_data, graph_dims, graph_program
 from gdn_fuzz.observation import observe
 from gdn_fuzz.targets import get_target
+from gdn_fuzz.oracles import ring
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (gdn_fuzz.graphs "
                           "captures only there; on a CPU check_launch runs eagerly, which the other tests cover)")
@@ -225,17 +226,20 @@ class _HostReads(TorchDispatchMode):
 
 def test_the_verdict_reads_nothing_on_the_host():
     """What makes checks.verdict capturable (and keeps an eager check from waiting for the GPU): no op in it reads
-    a device value on the host or copies Python data to the device.  The one exception is the cursor check of a
-    launch materialized from its Case, which reads CPU tensors made from the Case's rows (graphs.run calls it
-    before each replay).  Run on the CPU, where every tensor is a CPU tensor: each watched op is a failure
-    unless it is that check."""
+    a device value on the host or copies Python data to the device.  The cursor check of a launch materialized
+    from its Case reads the Case's rows as Python integers (graphs.run calls it before each replay), no tensor.
+    Run on the CPU, where every tensor is a CPU tensor: each watched op is a failure.  The tensor form of the
+    cursor check, run in the same watch, shows that the watch sees such reads."""
     case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)),
                 seed=0)
     obs = observe(get_target("reference"), case)
     with _HostReads() as reads:
         checks.verdict(obs)
-    assert {where for _, where in reads.seen} <= {"_check_case_cursors", "check_cursors"}, reads.seen
-    assert reads.seen, "the cursor check was not seen: the watch list does not see what it should"
+    assert reads.seen == [], reads.seen
+    with _HostReads() as reads:
+        ring.check_cursors(obs.before["initial_state_indices"], obs.before["hist_len"])
+    assert reads.seen and {where for _, where in reads.seen} == {"check_cursors"}, \
+        "the tensor cursor check was not seen: the watch list does not see what it should"
 
 
 def test_static_bytes_counts_the_padded_copies():
@@ -279,3 +283,21 @@ def test_the_key_holds_what_the_verdict_reads():
     assert graphs.key(dataclasses.replace(obs, output=None)) != k
     fp16 = observe(get_target("reference"), dataclasses.replace(case, arm="fp16"))
     assert graphs.key(fp16) != k
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 5), st.integers(-3, 20)), min_size=1, max_size=9))
+def test_row_cursor_check_is_the_tensor_one(rows):
+    """ring.check_row_cursors (a Case's rows as integers, what a check runs per launch) refuses exactly what
+    ring.check_cursors (the tensor form) refuses, with the same message."""
+    slots, lens = [s for s, _ in rows], [p for _, p in rows]
+    errs = []
+    for check, args in ((ring.check_cursors, (torch.tensor(slots), torch.tensor(lens))),
+                        (ring.check_row_cursors, (slots, lens))):
+        try:
+            check(*args)
+            errs.append(None)
+        except ValueError as e:
+            errs.append(str(e))
+    assert errs[0] == errs[1]
+    assert (errs[0] is None) == all(0 <= p <= 16 for s, p in rows if s >= 0)
