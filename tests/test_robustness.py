@@ -222,8 +222,9 @@ def test_worker_recycled_when_its_memory_grows(tmp_path, monkeypatch):
 
 def test_worker_recycled_after_max_checks():
     """Recycling: after max_checks checks the worker is closed and the next check runs in a new one.
-    Before: Worker took no max_checks (TypeError); one worker ran forever."""
-    w = Worker("reference", "cpu", name="count", max_checks=2)
+    Before: Worker took no max_checks (TypeError); one worker ran forever.  (recycle_amortize=0: at max_checks
+    whatever the worker's start cost; the next test covers that bound.)"""
+    w = Worker("reference", "cpu", name="count", max_checks=2, recycle_amortize=0)
     try:
         pids = []
         for _ in range(3):
@@ -231,6 +232,28 @@ def test_worker_recycled_after_max_checks():
             pids.append(w.pid)
         assert pids[0] is not None and pids[1] is None and pids[2] not in (None, pids[0])
         assert w.recycles == 1 and w.checks == 3
+    finally:
+        w.close()
+
+
+def test_recycle_by_count_waits_until_the_start_is_paid_for():
+    """A recycle by check count waits until the worker has lived recycle_amortize times its own start's cost
+    (ready_s + first_check_s): past max_checks a worker whose start is not yet paid for keeps checking in the same
+    process, and is recycled after the first check once it is.  Before: recycled at max_checks whatever the cost
+    (on a CUDA worker, 3-5 s of every ~18 s)."""
+    w = Worker("reference", "cpu", name="amortize", max_checks=2, recycle_amortize=1e9)
+    try:
+        pids = []
+        for _ in range(4):
+            assert w.check("launch", OK) == []
+            pids.append(w.pid)
+        assert len(set(pids)) == 1 and pids[0] is not None and w.recycles == 0
+        st = w.startups[-1]
+        assert st["ready_s"] > 0 and st["first_check_s"] > 0  # what the bound is made of
+        w.recycle_amortize = 0.0  # paid for now
+        assert w.check("launch", OK) == [] and w.pid is None and w.recycles == 1
+        assert "5 checks in one worker" in w.last_recycle_reason
+        assert w.check("launch", OK) == [] and w.pid not in (None, pids[0])
     finally:
         w.close()
 

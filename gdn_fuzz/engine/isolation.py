@@ -69,6 +69,12 @@ MEASURE = "measure:"  # a message naming a measurement (Worker.measure: "measure
 MAX_RSS_ENV = "GDN_FUZZ_WORKER_MAX_RSS_MB"
 DEFAULT_MAX_RSS_MB = 8192.0  # 8 GiB
 DEFAULT_MAX_CHECKS = 2000
+# A recycle by check count waits until the worker has lived RECYCLE_AMORTIZE times what its own start cost (its
+# 'ready' plus its first check): so recycling takes at most 1/RECYCLE_AMORTIZE (2%) of the campaign.  Before, a
+# CUDA worker that checked ~110 launches a second hit 2,000 checks every ~18 s and its successor's first check
+# took 3.1-4.9 s (no compile: CUDA context, the kernel's and the oracle's loads), ~18% of a 30 s campaign (H100,
+# run 80).  A CPU worker's 2,000 checks take minutes, past that bound already.  The memory limit stays immediate.
+RECYCLE_AMORTIZE = 50.0
 DEFAULT_TIMEOUT_S = 600.0  # until the campaign derives one from measured launches
 DEFAULT_START_TIMEOUT_S = 300.0  # a fresh worker: fork + target lookup (the first forkserver imports torch)
 TIMEOUT_FLOOR_S = 30.0
@@ -330,7 +336,8 @@ class Worker:
     max_rss_mb     recycle the worker (close it, start a fresh one for the next check) once its
                    resident memory passes this many MiB; None: $GDN_FUZZ_WORKER_MAX_RSS_MB,
                    else 8192
-    max_checks     recycle the worker after this many checks (None or 0: never)
+    max_checks     recycle the worker after this many checks (None or 0: never), once it has also lived
+                   recycle_amortize times its own start's cost (RECYCLE_AMORTIZE; 0: at max_checks)
     inflight_dir   where the in-flight case is written before each launch; None: a private
                    temporary directory, removed by close()
     spare          keep a fresh process starting for reproduces() (see confirmations)
@@ -343,8 +350,10 @@ class Worker:
     def __init__(self, target_name: str, device: str, inflight_dir: Path | None = None, name: str = "w0",
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
                  max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T, spare: bool = False):
+                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T, spare: bool = False,
+                 recycle_amortize: float = RECYCLE_AMORTIZE):
         self.target_name, self.device, self.name = target_name, device, name
+        self.recycle_amortize = float(recycle_amortize)
         # spare: keep a second, fresh process starting in the background (from this one's 'ready' on), so that
         # reproduces() finds one ready instead of waiting for a process start (~5-13 s on the H200, run 63)
         self.spare = spare
@@ -607,8 +616,14 @@ class Worker:
         self.last_rss_mb = rss
         if rss is not None and rss > self.max_rss_mb:
             self._recycle(f"resident memory {rss:.0f} MiB > {self.max_rss_mb:.0f} MiB")
-        elif self.max_checks and self._checks_in_worker >= self.max_checks:
+        elif self.max_checks and self._checks_in_worker >= self.max_checks and self._start_paid_for():
             self._recycle(f"{self._checks_in_worker} checks in one worker")
+
+    def _start_paid_for(self) -> bool:
+        """Has the live worker lived recycle_amortize times what its start cost (ready_s + first_check_s)?"""
+        st = self.startups[-1] if self.startups else {}
+        cost = (st.get("ready_s") or 0.0) + (st.get("first_check_s") or 0.0)
+        return time.monotonic() - self._spawned_at >= self.recycle_amortize * cost
 
     # ---------------------------------------------------------------- checks
 
