@@ -220,16 +220,22 @@ def test_worker_recycled_when_its_memory_grows(tmp_path, monkeypatch):
         w.close()
 
 
+def _pids_after_checks(w: Worker, n: int) -> list:
+    """n passing checks of OK in w; the worker's pid after each (None: recycled after that check)."""
+    pids = []
+    for _ in range(n):
+        assert w.check("launch", OK) == []
+        pids.append(w.pid)
+    return pids
+
+
 def test_worker_recycled_after_max_checks():
     """Recycling: after max_checks checks the worker is closed and the next check runs in a new one.
     Before: Worker took no max_checks (TypeError); one worker ran forever.  (recycle_amortize=0: at max_checks
     whatever the worker's start cost; the next test covers that bound.)"""
     w = Worker("reference", "cpu", name="count", max_checks=2, recycle_amortize=0)
     try:
-        pids = []
-        for _ in range(3):
-            assert w.check("launch", OK) == []
-            pids.append(w.pid)
+        pids = _pids_after_checks(w, 3)
         assert pids[0] is not None and pids[1] is None and pids[2] not in (None, pids[0])
         assert w.recycles == 1 and w.checks == 3
     finally:
@@ -243,10 +249,7 @@ def test_recycle_by_count_waits_until_the_start_is_paid_for():
     (on a CUDA worker, 3-5 s of every ~18 s)."""
     w = Worker("reference", "cpu", name="amortize", max_checks=2, recycle_amortize=1e9)
     try:
-        pids = []
-        for _ in range(4):
-            assert w.check("launch", OK) == []
-            pids.append(w.pid)
+        pids = _pids_after_checks(w, 4)
         assert len(set(pids)) == 1 and pids[0] is not None and w.recycles == 0
         st = w.startups[-1]
         assert st["ready_s"] > 0 and st["first_check_s"] > 0  # what the bound is made of
