@@ -72,8 +72,9 @@ DEFAULT_MAX_CHECKS = 2000
 # A recycle by check count waits until the worker has lived RECYCLE_AMORTIZE times what its own start cost (its
 # 'ready' plus its first check): so recycling takes at most 1/RECYCLE_AMORTIZE (2%) of the campaign.  Before, a
 # CUDA worker that checked ~110 launches a second hit 2,000 checks every ~18 s and its successor's first check
-# took 3.1-4.9 s (no compile: CUDA context, the kernel's and the oracle's loads), ~18% of a 30 s campaign (H100,
-# run 80).  A CPU worker's 2,000 checks take minutes, past that bound already.  The memory limit stays immediate.
+# took 3.1-4.9 s with no JIT compile counted: 12-19% of a 30 s campaign (H100, runs 80-81).  On the CPU machine a
+# worker's start cost ~2.8 s, so a worker of 20 ms checks is recycled after ~140 s instead of ~40 s.  The memory
+# limit stays immediate.
 RECYCLE_AMORTIZE = 50.0
 DEFAULT_TIMEOUT_S = 600.0  # until the campaign derives one from measured launches
 DEFAULT_START_TIMEOUT_S = 300.0  # a fresh worker: fork + target lookup (the first forkserver imports torch)
