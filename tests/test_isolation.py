@@ -52,6 +52,32 @@ def test_campaign_with_isolation_records_the_crash(tmp_path):
     assert not c.unconfirmed  # the crash came back in a fresh worker before it was shrunk and filed
 
 
+def test_an_isolated_campaign_records_the_workers_own_seconds(tmp_path):
+    """Each record line of an isolated campaign carries worker_s, the worker's own seconds for the check, within
+    check_s (the round trip as the campaign process sees it); the worker answers with its resident memory, so the
+    campaign process reads no /proc file per check; an in-process campaign has no worker_s (issue 32)."""
+    import io
+
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    for isolate in (True, False):
+        rec = io.StringIO()
+        c = Campaign(target=get_target("reference"), device="cpu", properties=[get_property("launch")],
+                     arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=5, isolate=isolate,
+                     corpus_dir=None, record_path=rec)
+        c.run(examples=6)
+        lines = [json.loads(x) for x in rec.getvalue().splitlines()]
+        assert len(lines) == 6
+        if isolate:
+            assert all(0 < r["worker_s"] <= r["check_s"] for r in lines), lines
+            assert c._worker.last_rss_mb > 0 and round(c._worker.last_worker_s, 5) == lines[-1]["worker_s"]
+        else:
+            assert not any("worker_s" in r for r in lines)
+
+
 # The campaign process of test_ctrl_c_*: the real `gdn-fuzz run` (gdn_fuzz.cli.main) with one
 # change, Campaign.run's callbacks wrapped so that the process sends itself Ctrl-C (SIGINT to its
 # whole process group, the worker included, as a terminal does) at a known point.  (A SIGINT that

@@ -572,6 +572,7 @@ class Campaign:
             t_check = time.monotonic()
             found = self._check(prop, case)
             check_s = time.monotonic() - t_check
+            worker_s = None if self._worker is None else self._worker.last_worker_s
         with self._lock:
             known_sigs = self.known_for(case)
             known, new = self.classify(found, case, known_sigs)
@@ -583,7 +584,8 @@ class Campaign:
                     self.repeats[sig] += 1
             if self._records is not None:
                 self._records.write(json.dumps(dict(
-                    i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5), prop=prop.name,
+                    i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5),
+                    **({} if worker_s is None else dict(worker_s=round(worker_s, 5))), prop=prop.name,
                     **case.record_fields(), metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
                     signatures=sorted({f.signature() for f in found}),
                     known=sorted({f.signature() for f in known}))) + "\n")

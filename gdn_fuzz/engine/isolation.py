@@ -3,9 +3,10 @@
 A kernel can kill its process (a segfault), hang, or poison its CUDA context with a sticky
 error (illegal address), after which every later launch in that process fails.  So a
 campaign with isolation never launches in its own process: it sends (property, case) to a
-worker, and before each send it writes the case to `<inflight dir>/<pid>-<worker>.json`
-(pid: the campaign's), so that even a crash that takes the parent down leaves the case on
-disk.  When the worker dies, or reports a CUDA error, the check returns a `crash` finding
+worker, and the worker writes the case to `<inflight dir>/<pid>-<worker>.json` (pid: the
+campaign's) before it launches and removes it when it answers, so that even a crash that takes
+the parent down leaves the case on disk (the parent writes it itself when the worker died or
+hung without having written it).  When the worker dies, or reports a CUDA error, the check returns a `crash` finding
 for that case; when it does not answer within `Worker.timeout_s`, a `hang` finding; either
 way the worker is replaced and the campaign goes on; Hypothesis then shrinks the failing
 case like any other failure.
@@ -234,6 +235,25 @@ def _prep_failed(conn, prep) -> bool:
     return True
 
 
+def save_inflight(path: str, text: str) -> None:
+    """Write `text` to `path` atomically: a reader finds the whole text or no file, and a failed write leaves no
+    temporary file behind.  OSError on failure."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # on disk before the launch
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
@@ -272,9 +292,15 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             return
         if msg is None:
             return
-        prop_name, case_d = msg
+        prop_name, text, inflight = msg
+        t_got = time.perf_counter()
         try:
-            case = load_case(case_d)
+            save_inflight(inflight, text)
+        except OSError as e:  # the parent raises SetupError with it
+            conn.send(("inflight", f"cannot save the in-flight case to {inflight}: {e}", 0))
+            continue
+        try:
+            case = load_case(json.loads(text)["case"])
             arms_seen.add(case.arm)
             if prop_name.startswith(MEASURE):  # a measurement (Worker.measure): no findings, its numbers
                 module, _, name = prop_name[len(MEASURE):].partition(":")
@@ -287,23 +313,52 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
 
                 torch.cuda.synchronize()  # surface asynchronous kernel faults here, not in the next case
         except Exception as e:  # noqa: BLE001 - reported, and fatal ones end the worker
-            text = f"{type(e).__name__}: {e}"
-            fatal = classify(text) == "fatal"
+            said = f"{type(e).__name__}: {e}"
+            fatal = classify(said) == "fatal"
             if not fatal and _prep_failed(conn, prep):
                 return
-            conn.send(("fatal" if fatal else "error", dict(text=text, outcome=raised(e)), 0))
+            if not fatal:
+                _done_inflight(inflight)
+            conn.send(("fatal" if fatal else "error", dict(text=said, outcome=raised(e), rss_mb=_own_rss_mb(),
+                                                            worker_s=time.perf_counter() - t_got), 0))
             if fatal:
                 os._exit(3)
             continue
         fatal_in = [f for f in found if classify(f.message) == "fatal"]
         if not fatal_in and _prep_failed(conn, prep):
             return
+        if not fatal_in:
+            _done_inflight(inflight)
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
-                        graphs=graphs.counts(), oracle=None if prep is None else prep.report()),
+                        graphs=graphs.counts(), oracle=None if prep is None else prep.report(),
+                        rss_mb=_own_rss_mb(), worker_s=time.perf_counter() - t_got),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
+
+
+def _done_inflight(path: str) -> None:
+    """The check answered: its in-flight file goes (a crash or a hang leaves it)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+_STATM: list = []  # this process's /proc/self/statm, opened once (_own_rss_mb)
+
+
+def _own_rss_mb() -> float | None:
+    """This process's resident set size in MiB: one read of /proc/self/statm, kept open (a worker answers every check
+    with it)."""
+    try:
+        if not _STATM:
+            _STATM.append(os.open("/proc/self/statm", os.O_RDONLY))
+        resident = int(os.pread(_STATM[0], 128, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -380,6 +435,10 @@ class Worker:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
             self._cleanup = None
         self._owner_pid = os.getpid()
+        self._inflight_str = str(self.inflight_path)
+        self._inflight_text: str | None = None  # the in-flight file's text of the check last sent
+        self._inflight_dir_ok = False
+        self.last_worker_s: float | None = None  # the worker's own seconds for the last check (no round trip)
         # one entry per worker process started: seconds from the start to 'ready' (ready_s), of which loading the
         # target (target_s); the oracle's compiles on the worker's thread (oracle_s) and how long checks waited
         # for them (oracle_wait_s); the first check's seconds and JIT compiles (first_check_s,
@@ -537,32 +596,30 @@ class Worker:
             self.inflight_path.unlink(missing_ok=True)
         if self._cleanup is not None:
             self._cleanup()  # rmtree, once
+            self._inflight_dir_ok = False
 
     # ---------------------------------------------------------------- files
 
-    def _save_inflight(self, prop: str, case_d: dict) -> None:
-        """Write the case (case_d: its to_dict()) to inflight_path atomically (no temp file left behind on
-        failure)."""
-        path = self.inflight_path
+    def _inflight_ready(self) -> None:
+        """The in-flight directory exists (once per Worker, and again after close())."""
+        if self._inflight_dir_ok:
+            return
         if self._private_dir and not self._cleanup.alive:  # used again after close()
             self.inflight_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.inflight_dir), True)
-        tmp = None
         try:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.inflight_dir, prefix=f".{path.stem}-", suffix=".tmp")
-            with os.fdopen(fd, "w") as fh:  # one write (json.dump writes piece by piece)
-                fh.write(json.dumps(dict(property=prop, target=self.target_name, case=case_d)))
-            os.replace(tmp, path)  # on disk before the launch
-        except BaseException as e:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-            if isinstance(e, OSError):
-                raise SetupError(f"cannot save the in-flight case to {path}: {e}") from e
-            raise
+        except OSError as e:
+            raise SetupError(f"cannot save the in-flight case to {self.inflight_path}: {e}") from e
+        self._inflight_dir_ok = True
+
+    def _inflight_saved(self) -> None:
+        """A worker that died or hung before its own write (save_inflight) still leaves the case on disk."""
+        if self._inflight_text is not None and not os.path.exists(self._inflight_str):
+            try:
+                save_inflight(self._inflight_str, self._inflight_text)
+            except OSError as e:
+                raise SetupError(f"cannot save the in-flight case to {self.inflight_path}: {e}") from e
 
     # ---------------------------------------------------------------- findings
 
@@ -583,6 +640,7 @@ class Worker:
         self.restarts += 1
         self._stop(kill=True)
         self._last_finished = False
+        self._inflight_saved()
         return [Finding("crash", "R*", f"the worker process {why} while checking property {prop!r}; "
                         f"the case was saved before the launch at {self.inflight_path}", outcome=outcome)]
 
@@ -590,6 +648,7 @@ class Worker:
         self.restarts += 1
         self._stop(kill=True)
         self._last_finished = False
+        self._inflight_saved()
         return [Finding("hang", "R*", f"the check of property {prop!r} did not answer within the "
                         f"{self.timeout_s:.3g} s timeout; the worker was killed (a fresh one takes the next "
                         f"check) and the case was saved before the launch at {self.inflight_path}",
@@ -613,12 +672,18 @@ class Worker:
         self._times.append(dt)
         self._checks_in_worker += 1
         self.checks += 1
-        rss = _rss_mb(self._proc.pid) if self._proc is not None else None
-        self.last_rss_mb = rss
+        rss = self.last_rss_mb
         if rss is not None and rss > self.max_rss_mb:
             self._recycle(f"resident memory {rss:.0f} MiB > {self.max_rss_mb:.0f} MiB")
         elif self.max_checks and self._checks_in_worker >= self.max_checks and self._start_paid_for():
             self._recycle(f"{self._checks_in_worker} checks in one worker")
+
+    def _answered(self, payload: dict) -> None:
+        """What the worker said of itself with an answer: its resident memory (read there, so that the campaign
+        process makes no file call per check) and its own seconds for the check (worker_s)."""
+        rss = payload.get("rss_mb")
+        self.last_rss_mb = rss if rss is not None else (_rss_mb(self._proc.pid) if self._proc is not None else None)
+        self.last_worker_s = payload.get("worker_s")
 
     def _start_paid_for(self) -> bool:
         """Has the live worker lived recycle_amortize times what its start cost (ready_s + first_check_s)?"""
@@ -633,11 +698,14 @@ class Worker:
         allocation failure are findings too).  Raises SetupError when the environment cannot
         run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
         self.start()
-        case_d = case.to_dict()
-        self._save_inflight(prop, case_d)
+        self._inflight_ready()
+        # the worker writes it before the launch and removes it when it answers (save_inflight): the
+        # campaign process makes no file call per check, each of which gives the interpreter lock to a
+        # round drawing beside it (rounds at once) and waits to get it back (benchmarks/roundtrip.py)
+        self._inflight_text = json.dumps(dict(property=prop, target=self.target_name, case=case.to_dict()))
         self._last_finished = False
         try:
-            self._conn.send((prop, case_d))
+            self._conn.send((prop, self._inflight_text, self._inflight_str))
         except (BrokenPipeError, OSError):
             self._proc.join(timeout=5)
             words, outcome = self._exit_words(self._proc)
@@ -665,6 +733,9 @@ class Worker:
                 dt = time.monotonic() - t0 - paused_s
                 self._busy = False
                 self.compiles = self._compiles_before + compiles
+                if kind == "inflight":  # the worker could not write the in-flight file: nothing was launched
+                    self._last_finished = True
+                    raise SetupError(payload)
                 if kind == "setup":  # the worker cannot judge any check (its oracle did not compile)
                     self._setup(payload)
                 if kind == "fatal":
@@ -680,7 +751,7 @@ class Worker:
                     if verdict == "setup":
                         self._setup(text)
                     self._last_finished = True
-                    self.inflight_path.unlink(missing_ok=True)
+                    self._answered(payload)
                     if verdict == "resource":
                         return self._resource(prop, text)
                     self._measured(dt)
@@ -695,7 +766,7 @@ class Worker:
                 if verdict == "setup":
                     self._setup(next(f.message for f in res if classify(f"{f.message} {f.outcome}") == "setup"))
                 self._last_finished = True
-                self.inflight_path.unlink(missing_ok=True)
+                self._answered(payload)
                 if verdict == "resource":
                     return self._resource(prop, next(f.message for f in res
                                                      if classify(f"{f.message} {f.outcome}") == "resource"))
