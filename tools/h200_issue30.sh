@@ -15,7 +15,9 @@
 # product command, this tree and, with BASE_TAR=.gpu/base.tar (`git archive BASE -o .gpu/base.tar`), the base
 # tree side by side), g32replay (the corpus replayed by both trees), g32mutants (the production mutant catalogue),
 # firstfind (seconds to the first finding on edited kernels from empty caches, base tree and this tree in turn),
-# g32draws (materialize by the draw program replayed as a CUDA graph against draws=cuda, table and campaign).
+# g32draws (materialize by the draw program replayed as a CUDA graph against draws=cuda, table and campaign),
+# g32pipe (the product command's runs, PIPE_RUNS; a tag "base..." runs the base tree), g32phases (one check's
+# phases in the worker, benchmarks/check_phases.py).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -239,18 +241,33 @@ for step in "$@"; do
       # issue 32: the product command (bf16) with one round at a time against rounds at once (--pipeline), each
       # run's per-example record and the GPU's utilization; PIPE_RUNS: "PIPELINE:POOLSCALES:PROCESSES[:TAG[:K]] ..."
       # (K: value seeds per drawn structure, --seeds-per-example; empty: the command's default)
+      # a TAG starting with "base" runs the base tree (BASE_TAR, unpacked to /tmp/base) in that slot
       need_bundle
+      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
         IFS=: read -r pl ps np tag k <<< "$run"
         name="$step-p$pl-$ps-n$np${k:+-k$k}${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
         [ -n "$k" ] && extra="$extra --seeds-per-example $k"
+        tree=$PWD; pp=$PYTHONPATH
+        if [[ "$tag" == base* ]]; then
+          [ -d /tmp/base/gdn_fuzz ] || { echo "$name: no base tree (BASE_TAR)"; continue; }
+          tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
+        fi
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
-        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
-          --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
-          --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        (cd "$tree" && PYTHONPATH=$pp timeout 300 python3 benchmarks/throughput.py --target production --device cuda \
+          --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
+          --json "$R/$name.json") > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200
       done ;;
+    g32phases)
+      # issue 32: one check's time in the worker, phase by phase (benchmarks/check_phases.py: host time, then each
+      # phase synchronized), the isolated worker's round trip against its own seconds, then cProfile and
+      # torch.profiler passes over the same checks
+      need_bundle
+      timeout 400 python3 benchmarks/check_phases.py --target production --device cuda --n "${PHASES_N:-300}" --sync \
+        --isolated --profile ${PHASES_PROFILE:-cprofile torch} --json "$R/$step.json" > "$R/$step.txt" 2>&1
+      echo "$step rc=$?"; grep -E "^(per check|isolated|[0-9]+ cases)" "$R/$step.txt" | cut -c1-240 ;;
     g32mutants)
       need_bundle
       timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \
