@@ -346,16 +346,20 @@ def _done_inflight(path: str) -> None:
         pass
 
 
-_STATM: list = []  # this process's /proc/self/statm, opened once (_own_rss_mb)
+_STATM: dict = {}  # pid -> that process's /proc/<pid>/statm, opened once (_own_rss_mb; a forked child opens its own)
 
 
 def _own_rss_mb() -> float | None:
-    """This process's resident set size in MiB: one read of /proc/self/statm, kept open (a worker answers every check
-    with it)."""
+    """This process's resident set size in MiB: one read of /proc/<pid>/statm, kept open (a worker answers every
+    check with it)."""
+    pid = os.getpid()
     try:
-        if not _STATM:
-            _STATM.append(os.open("/proc/self/statm", os.O_RDONLY))
-        resident = int(os.pread(_STATM[0], 128, 0).split()[1])
+        if pid not in _STATM:
+            for fd in _STATM.values():  # the parent's, inherited by a fork
+                os.close(fd)
+            _STATM.clear()
+            _STATM[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        resident = int(os.pread(_STATM[pid], 128, 0).split()[1])
     except (OSError, ValueError, IndexError):
         return None
     return resident * os.sysconf("SC_PAGE_SIZE") / 2**20
