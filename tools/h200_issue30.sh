@@ -253,21 +253,15 @@ for step in "$@"; do
           [ -d /tmp/base/gdn_fuzz ] || { echo "$name: no base tree (BASE_TAR)"; continue; }
           tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
         fi
-        if [ -n "${STACKS:-}" ]; then  # every Python process of the run dumps its threads' stacks every 0.5 s for 20 s
-          mkdir -p /tmp/stacks "$R/$name-stacks"
-          printf '%s\n' "import faulthandler, os, threading" \
-            "_f = open(os.path.join('$R/$name-stacks', 'stacks-%d.txt' % os.getpid()), 'w')" \
-            "faulthandler.dump_traceback_later(0.5, repeat=True, file=_f)" \
-            "_t = threading.Timer(20, faulthandler.cancel_dump_traceback_later)" "_t.daemon = True" "_t.start()" \
-            > /tmp/stacks/sitecustomize.py
-          pp=/tmp/stacks:$pp
+        if [ -n "${STACKS:-}" ]; then  # every Python process of the run samples its threads' stacks (tools/stack_sampler)
+          mkdir -p "$R/$name-stacks"; export GDN_STACKS_DIR="$R/$name-stacks"; pp=$PWD/tools/stack_sampler:$pp
         fi
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
         (cd "$tree" && PYTHONPATH=$pp timeout 300 python3 benchmarks/throughput.py --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
           --json "$R/$name.json") > "$R/$name.txt" 2>&1
-        echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200
+        echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200; unset GDN_STACKS_DIR
       done ;;
     g32phases)
       # issue 32: one check's time in the worker, phase by phase (benchmarks/check_phases.py: host time, then each
