@@ -232,3 +232,31 @@ def test_the_switch_interval_is_short_while_rounds_run_at_once_and_put_back():
         c.run(examples=4)
         assert seen and all(x == pytest.approx(want, rel=1e-6) for x in seen)  # stored in whole microseconds
         assert sys.getswitchinterval() == before
+
+
+def test_hypothesis_constants_are_scanned_on_a_thread_before_the_rounds(monkeypatch):
+    """Hypothesis' first draw of a constant parses the source of every local module (on the GPU bundle, ~11 s at the
+    fifth example, in both rounds at once: run 83).  A campaign starts that scan on a thread when it is made and its
+    rounds wait for it: the scan runs once, on that thread, and ends before the first example.  Before: it ran
+    inside the rounds' first draws."""
+    from hypothesis.internal.conjecture import providers
+
+    from gdn_fuzz.engine import campaign as campaign_mod
+
+    calls, real = [], providers._get_local_constants
+
+    def slow_scan():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            time.sleep(0.5)
+        calls.append(time.monotonic())
+        return real()
+
+    monkeypatch.setattr(providers, "_get_local_constants", slow_scan)
+    monkeypatch.setattr(campaign_mod, "_CONSTANTS_SCAN", [])
+    first = []
+    c = _campaign(seed=2, pipeline=2)
+    c.run(examples=6, on_example=lambda: first.append(time.monotonic()))
+    assert calls[0] == "gdn-fuzz-hypothesis-constants"
+    assert calls[1] <= first[0]  # the scan ended before the first example
+    assert len(campaign_mod._CONSTANTS_SCAN) == 1 and not campaign_mod._CONSTANTS_SCAN[0].is_alive()
