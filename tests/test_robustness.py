@@ -528,30 +528,11 @@ def test_inflight_files_are_per_process_and_private(tmp_path, monkeypatch):
         shared.unlink()
         shared.mkdir()
         assert w.check("launch", OK) == [] and list(shared.iterdir()) == []  # the same worker goes on
-        isolation.save_inflight(str(w.inflight_path), "{}")  # as if a check had been sent and answered
+        isolation.write_atomic(w.inflight_path, "{}")  # as if a check had been sent and answered
         assert w.inflight_path.exists()
     finally:
         w.close()
     assert shared.is_dir() and list(shared.iterdir()) == []  # a given directory stays, empty
-
-
-def test_a_failed_inflight_write_leaves_no_file(tmp_path, monkeypatch):
-    """Files: save_inflight writes all of the text or nothing: a write that fails (a full disk) leaves neither the
-    file nor its temporary file, and a reader never sees half a text (the temporary file is renamed).  Before: the
-    campaign process wrote it with tempfile.mkstemp; now the worker does, with this function."""
-    path = tmp_path / "1-w0.json"
-
-    def full_disk(*a, **k):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(isolation.os, "write", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        isolation.save_inflight(str(path), '{"case": 1}')
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.undo()
-    isolation.save_inflight(str(path), '{"case": 1}')
-    isolation.save_inflight(str(path), '{"case": 2}')
-    assert [p.name for p in tmp_path.iterdir()] == ["1-w0.json"] and json.loads(path.read_text()) == {"case": 2}
 
 
 # ------------------------------------------------------------------ case validation

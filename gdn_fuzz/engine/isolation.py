@@ -52,6 +52,7 @@ from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import LEGAL_T, Case
 from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz import graphs
+from gdn_fuzz.environment import write_atomic
 from gdn_fuzz.checks import OraclePrep
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
@@ -235,25 +236,6 @@ def _prep_failed(conn, prep) -> bool:
     return True
 
 
-def save_inflight(path: str, text: str) -> None:
-    """Write `text` to `path` atomically: a reader finds the whole text or no file, and a failed write leaves no
-    temporary file behind.  OSError on failure."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)  # on disk before the launch
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
@@ -295,7 +277,7 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         prop_name, text, inflight = msg
         t_got = time.perf_counter()
         try:
-            save_inflight(inflight, text)
+            write_atomic(inflight, text)  # all of the text or no file, before the launch
         except OSError as e:  # the parent raises SetupError with it
             conn.send(("inflight", f"cannot save the in-flight case to {inflight}: {e}", 0))
             continue
@@ -618,10 +600,10 @@ class Worker:
         self._inflight_dir_ok = True
 
     def _inflight_saved(self) -> None:
-        """A worker that died or hung before its own write (save_inflight) still leaves the case on disk."""
+        """A worker that died or hung before its own write still leaves the case on disk."""
         if self._inflight_text is not None and not os.path.exists(self._inflight_str):
             try:
-                save_inflight(self._inflight_str, self._inflight_text)
+                write_atomic(self._inflight_str, self._inflight_text)
             except OSError as e:
                 raise SetupError(f"cannot save the in-flight case to {self.inflight_path}: {e}") from e
 
@@ -703,7 +685,7 @@ class Worker:
         run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
         self.start()
         self._inflight_ready()
-        # the worker writes it before the launch and removes it when it answers (save_inflight): the
+        # the worker writes it before the launch and removes it when it answers (write_atomic): the
         # campaign process makes no file call per check, each of which gives the interpreter lock to a
         # round drawing beside it (rounds at once) and waits to get it back (benchmarks/roundtrip.py)
         self._inflight_text = json.dumps(dict(property=prop, target=self.target_name, case=case.to_dict()))
