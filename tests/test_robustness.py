@@ -525,8 +525,7 @@ def test_inflight_files_are_per_process_and_private(tmp_path, monkeypatch):
         shared.write_text("not a directory")  # the worker's write fails (ENOTDIR): a setup error naming the file
         with pytest.raises(isolation.SetupError, match="cannot save the in-flight case to .*w0.json"):
             w.check("launch", OK)
-        shared.unlink()
-        shared.mkdir()
+        shared.unlink()  # no folder at all: the worker makes it again
         assert w.check("launch", OK) == [] and list(shared.iterdir()) == []  # the same worker goes on
         isolation.write_atomic(w.inflight_path, "{}")  # as if a check had been sent and answered
         assert w.inflight_path.exists()

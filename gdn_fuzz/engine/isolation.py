@@ -277,7 +277,11 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         prop_name, text, inflight = msg
         t_got = time.perf_counter()
         try:
-            write_atomic(inflight, text)  # all of the text or no file, before the launch
+            try:
+                write_atomic(inflight, text)  # all of the text or no file, before the launch
+            except FileNotFoundError:  # its folder was removed since the campaign made it: made again
+                os.makedirs(os.path.dirname(inflight), exist_ok=True)
+                write_atomic(inflight, text)
         except OSError as e:  # the parent raises SetupError with it
             conn.send(("inflight", f"cannot save the in-flight case to {inflight}: {e}", 0))
             continue
