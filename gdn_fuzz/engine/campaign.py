@@ -130,8 +130,9 @@ MAX_PIPELINE = 8  # Campaign.pipeline's largest value
 # 11.1 ms per example with one round; with two, 10.6 ms at 5 ms, 8.1 ms at 0.5 ms, 7.8 ms at 0.2 and at 0.1 ms.
 PIPELINE_SWITCH_S = 2e-4
 
-# Hypothesis (since 6.131) now and then draws a constant found in the source of a "local" module: one outside
-# site-packages and outside tests (gdn_fuzz itself, an editable FlashInfer or CuTe DSL checkout).  The first draw that
+# Hypothesis (6.168.3 on the GPU image, 6.170.27 on the CPU machine) now and then draws a constant found in the
+# source of a "local" module: one outside site-packages and outside tests (gdn_fuzz itself, an editable FlashInfer
+# or CuTe DSL checkout).  The first draw that
 # wants one parses the source of every such module in sys.modules (cached on disk under .hypothesis/constants), on the
 # thread that draws.  That was 0.45 s on this project's CPU machine from a cold cache.  With the GPU bundle's FlashInfer
 # and CuTe DSL outside site-packages, both rounds at once spent ~11 s in it at their fifth example, inside the budget
