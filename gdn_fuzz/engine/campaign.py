@@ -132,9 +132,8 @@ PIPELINE_SWITCH_S = 2e-4
 
 # Hypothesis (6.168.3 on the GPU image, 6.170.27 on the CPU machine) now and then draws a constant found in the
 # source of a "local" module: one outside site-packages and outside tests (gdn_fuzz itself, an editable FlashInfer
-# or CuTe DSL checkout).  The first draw that
-# wants one parses the source of every such module in sys.modules (cached on disk under .hypothesis/constants), on the
-# thread that draws.  That was 0.45 s on this project's CPU machine from a cold cache.  With the GPU bundle's FlashInfer
+# or CuTe DSL checkout).  The first draw that wants one parses the source of every such module in sys.modules
+# (cached on disk under .hypothesis/constants), on the thread that draws.  That was 0.45 s on this project's CPU machine from a cold cache.  With the GPU bundle's FlashInfer
 # and CuTe DSL outside site-packages, both rounds at once spent ~11 s in it at their fifth example, inside the budget
 # (run 83, tools/stack_sampler; 0.8 s in the runs after, from the cache).  So a campaign starts that scan on a thread
 # when it is made, beside the worker's start and the warm-up, and waits for it before its rounds (_scan_constants).
