@@ -36,6 +36,13 @@ def spin(target, case, device) -> dict:
     return {}
 
 
+def _spin():
+    """spin by this module's importable name, not __main__'s: the worker imports the stand-in check by name."""
+    import roundtrip
+
+    return roundtrip.spin
+
+
 def _drawer(stop: threading.Event, counter: list) -> None:
     """Draw launch cases with Hypothesis until stop is set (what a second round does between its checks)."""
     from hypothesis import HealthCheck, given, settings
@@ -60,8 +67,6 @@ class _Stop(Exception):
 
 
 def measure(worker, case, n: int, interval_s: float | None, drawing: bool) -> dict:
-    import roundtrip  # this module by its importable name (not __main__)
-
     old = sys.getswitchinterval()
     stop, drawn = threading.Event(), [0]
     th = threading.Thread(target=_drawer, args=(stop, drawn), daemon=True) if drawing else None
@@ -74,7 +79,7 @@ def measure(worker, case, n: int, interval_s: float | None, drawing: bool) -> di
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            worker.measure(roundtrip.spin, case)
+            worker.measure(_spin(), case)
             times.append(time.perf_counter() - t0)
     finally:
         stop.set()
@@ -100,8 +105,7 @@ def main(argv=None) -> None:
     case = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 13, 3), Row(-1)), seed=1)
     rows = []
     with Worker("reference", "cpu", name="rt") as w:
-        w.measure(sys.modules["roundtrip"].spin if "roundtrip" in sys.modules else __import__("roundtrip").spin,
-                  case)  # start the worker
+        w.measure(_spin(), case)  # start the worker
         rows.append(dict(drawing=False, interval_ms=1e3 * sys.getswitchinterval(),
                          **measure(w, case, args.n, None, False)))
         for ms in args.intervals:

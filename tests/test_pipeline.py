@@ -253,10 +253,13 @@ def test_hypothesis_constants_are_scanned_on_a_thread_before_the_rounds(monkeypa
         return real()
 
     monkeypatch.setattr(providers, "_get_local_constants", slow_scan)
-    monkeypatch.setattr(campaign_mod, "_CONSTANTS_SCAN", [])
-    first = []
-    c = _campaign(seed=2, pipeline=2)
-    c.run(examples=6, on_example=lambda: first.append(time.monotonic()))
-    assert calls[0] == "gdn-fuzz-hypothesis-constants"
-    assert calls[1] <= first[0]  # the scan ended before the first example
-    assert len(campaign_mod._CONSTANTS_SCAN) == 1 and not campaign_mod._CONSTANTS_SCAN[0].is_alive()
+    campaign_mod._constants_scan.cache_clear()  # as in a fresh process
+    try:
+        first = []
+        c = _campaign(seed=2, pipeline=2)
+        c.run(examples=6, on_example=lambda: first.append(time.monotonic()))
+        assert calls[0] == "gdn-fuzz-hypothesis-constants"
+        assert calls[1] <= first[0]  # the scan ended before the first example
+        assert not campaign_mod._constants_scan().is_alive()
+    finally:
+        campaign_mod._constants_scan.cache_clear()

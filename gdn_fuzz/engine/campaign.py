@@ -45,6 +45,7 @@ reseed=False (properties.base.Property) gets one seed per structure whatever K i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -133,27 +134,30 @@ PIPELINE_SWITCH_S = 2e-4
 # Hypothesis (6.168.3 on the GPU image, 6.170.27 on the CPU machine) now and then draws a constant found in the
 # source of a "local" module: one outside site-packages and outside tests (gdn_fuzz itself, an editable FlashInfer
 # or CuTe DSL checkout).  The first draw that wants one parses the source of every such module in sys.modules
-# (cached on disk under .hypothesis/constants), on the thread that draws.  That was 0.45 s on this project's CPU machine from a cold cache.  With the GPU bundle's FlashInfer
-# and CuTe DSL outside site-packages, both rounds at once spent ~11 s in it at their fifth example, inside the budget
-# (run 83, tools/stack_sampler; 0.8 s in the runs after, from the cache).  So a campaign starts that scan on a thread
-# when it is made, beside the worker's start and the warm-up, and waits for it before its rounds (_scan_constants).
-_CONSTANTS_SCAN: list = []  # the scan's thread, started once per process
+# (cached on disk under .hypothesis/constants), on the thread that draws.  That was 0.45 s on this project's CPU
+# machine from a cold cache.  With the GPU bundle's FlashInfer and CuTe DSL outside site-packages, both rounds at once
+# spent ~11 s in it at their fifth example, inside the budget (run 83, tools/stack_sampler; 0.8 s in the runs after,
+# from the cache).  So a campaign starts that scan on a thread when it is made, beside the worker's start and the
+# warm-up, and waits for it before its rounds.
 
 
-def _scan_constants(wait: bool) -> None:
-    """Start Hypothesis' scan of the local modules' constants on a thread (once per process); wait: until it is done.
-    A Hypothesis without the scan (its private _get_local_constants) skips it."""
-    if not _CONSTANTS_SCAN:
-        try:
-            from hypothesis.internal.conjecture.providers import _get_local_constants
-        except ImportError:
-            _CONSTANTS_SCAN.append(None)
-        else:
-            t = threading.Thread(target=_get_local_constants, name="gdn-fuzz-hypothesis-constants", daemon=True)
-            t.start()
-            _CONSTANTS_SCAN.append(t)
-    if wait and _CONSTANTS_SCAN[0] is not None:
-        _CONSTANTS_SCAN[0].join()
+@functools.cache
+def _constants_scan() -> threading.Thread | None:
+    """Hypothesis' scan of the local modules' constants, started on a thread once per process (None: a Hypothesis
+    without it, i.e. without its private _get_local_constants)."""
+    try:
+        from hypothesis.internal.conjecture.providers import _get_local_constants
+    except ImportError:
+        return None
+    t = threading.Thread(target=_get_local_constants, name="gdn-fuzz-hypothesis-constants", daemon=True)
+    t.start()
+    return t
+
+
+def _constants_scanned() -> None:
+    """Wait for _constants_scan (starting it if need be)."""
+    if (t := _constants_scan()) is not None:
+        t.join()
 
 
 @dataclass
@@ -356,7 +360,7 @@ class Campaign:
         self._learned: dict = {}  # signature -> entry name, told by another thread (learn()), not yet in known
         self._model_known: dict = {}  # signature -> the release model's word, for known bugs no entry records
         self._on_check = lambda prop, case: None  # run()'s on_check
-        _scan_constants(wait=False)
+        _constants_scan()
         if self.isolate:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
             inflight = (None if self.corpus_dir is None or corpus.unwritable(self.corpus_dir) is not None
@@ -403,7 +407,7 @@ class Campaign:
             if self._stop_requested:  # request_stop() from another thread (a fleet worker's)
                 raise KeyboardInterrupt
             self._check(prop, case)
-        _scan_constants(wait=True)  # before the clock, like the compiles
+        _constants_scanned()  # before the clock, like the compiles
         self.stats.warmup_s += time.monotonic() - t0
         self.stats.warmup_compiles += self._compiles() - c0
         self.stats.started = time.monotonic()
@@ -721,7 +725,7 @@ class Campaign:
         self._deadline = (seconds, examples)
         self._on_check = on_check
         self._halt = False
-        _scan_constants(wait=True)  # not in each round's first draws at once
+        _constants_scanned()  # not in each round's first draws at once
         restore = self._catch_sigint()
         plan = self._round_plan()
         switch = sys.getswitchinterval()

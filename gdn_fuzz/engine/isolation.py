@@ -304,9 +304,8 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             if not fatal and _prep_failed(conn, prep):
                 return
             if not fatal:
-                _done_inflight(inflight)
-            conn.send(("fatal" if fatal else "error", dict(text=said, outcome=raised(e), rss_mb=_own_rss_mb(),
-                                                            worker_s=time.perf_counter() - t_got), 0))
+                Path(inflight).unlink(missing_ok=True)  # answered: a crash or a hang leaves the file
+            conn.send(("fatal" if fatal else "error", dict(text=said, outcome=raised(e), **_itself(t_got)), 0))
             if fatal:
                 os._exit(3)
             continue
@@ -314,41 +313,19 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
         if not fatal_in and _prep_failed(conn, prep):
             return
         if not fatal_in:
-            _done_inflight(inflight)
+            Path(inflight).unlink(missing_ok=True)  # answered: a crash or a hang leaves the file
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
-                        graphs=graphs.counts(), oracle=None if prep is None else prep.report(),
-                        rss_mb=_own_rss_mb(), worker_s=time.perf_counter() - t_got),
+                        graphs=graphs.counts(), oracle=None if prep is None else prep.report(), **_itself(t_got)),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
 
 
-def _done_inflight(path: str) -> None:
-    """The check answered: its in-flight file goes (a crash or a hang leaves it)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-_STATM: dict = {}  # pid -> that process's /proc/<pid>/statm, opened once (_own_rss_mb; a forked child opens its own)
-
-
-def _own_rss_mb() -> float | None:
-    """This process's resident set size in MiB: one read of /proc/<pid>/statm, kept open (a worker answers every
-    check with it)."""
-    pid = os.getpid()
-    try:
-        if pid not in _STATM:
-            for fd in _STATM.values():  # the parent's, inherited by a fork
-                os.close(fd)
-            _STATM.clear()
-            _STATM[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
-        resident = int(os.pread(_STATM[pid], 128, 0).split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return resident * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _itself(t_got: float) -> dict:
+    """What a worker says of itself with each answer: its resident memory (read here, so that the campaign process
+    reads no /proc file per check) and its own seconds for the check since it got the message (worker_s)."""
+    return dict(rss_mb=_rss_mb(os.getpid()), worker_s=time.perf_counter() - t_got)
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -425,9 +402,7 @@ class Worker:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
             self._cleanup = None
         self._owner_pid = os.getpid()
-        self._inflight_str = str(self.inflight_path)
         self._inflight_text: str | None = None  # the in-flight file's text of the check last sent
-        self._inflight_dir_ok = False
         self.last_worker_s: float | None = None  # the worker's own seconds for the last check (no round trip)
         # one entry per worker process started: seconds from the start to 'ready' (ready_s), of which loading the
         # target (target_s); the oracle's compiles on the worker's thread (oracle_s) and how long checks waited
@@ -488,6 +463,7 @@ class Worker:
             return
         if self._proc is None or not self._proc.is_alive():
             self._stop(kill=True)
+            self._make_inflight_dir()
             self.spawn()
         self._await_ready()
         if self.spare and self._spare is None:
@@ -586,14 +562,12 @@ class Worker:
             self.inflight_path.unlink(missing_ok=True)
         if self._cleanup is not None:
             self._cleanup()  # rmtree, once
-            self._inflight_dir_ok = False
 
     # ---------------------------------------------------------------- files
 
-    def _inflight_ready(self) -> None:
-        """The in-flight directory exists (once per Worker, and again after close())."""
-        if self._inflight_dir_ok:
-            return
+    def _make_inflight_dir(self) -> None:
+        """The in-flight directory exists (made again for a process started after close(); a worker whose folder was
+        removed while it ran makes it again itself)."""
         if self._private_dir and not self._cleanup.alive:  # used again after close()
             self.inflight_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.inflight_dir), True)
@@ -601,13 +575,12 @@ class Worker:
             self.inflight_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SetupError(f"cannot save the in-flight case to {self.inflight_path}: {e}") from e
-        self._inflight_dir_ok = True
 
     def _inflight_saved(self) -> None:
         """A worker that died or hung before its own write still leaves the case on disk."""
-        if self._inflight_text is not None and not os.path.exists(self._inflight_str):
+        if self._inflight_text is not None and not self.inflight_path.exists():
             try:
-                write_atomic(self._inflight_str, self._inflight_text)
+                write_atomic(self.inflight_path, self._inflight_text)
             except OSError as e:
                 raise SetupError(f"cannot save the in-flight case to {self.inflight_path}: {e}") from e
 
@@ -669,11 +642,8 @@ class Worker:
             self._recycle(f"{self._checks_in_worker} checks in one worker")
 
     def _answered(self, payload: dict) -> None:
-        """What the worker said of itself with an answer: its resident memory (read there, so that the campaign
-        process makes no file call per check) and its own seconds for the check (worker_s)."""
-        rss = payload.get("rss_mb")
-        self.last_rss_mb = rss if rss is not None else (_rss_mb(self._proc.pid) if self._proc is not None else None)
-        self.last_worker_s = payload.get("worker_s")
+        """What the worker said of itself with an answer (_itself)."""
+        self.last_rss_mb, self.last_worker_s = payload.get("rss_mb"), payload.get("worker_s")
 
     def _start_paid_for(self) -> bool:
         """Has the live worker lived recycle_amortize times what its start cost (ready_s + first_check_s)?"""
@@ -688,14 +658,13 @@ class Worker:
         allocation failure are findings too).  Raises SetupError when the environment cannot
         run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
         self.start()
-        self._inflight_ready()
         # the worker writes it before the launch and removes it when it answers (write_atomic): the
         # campaign process makes no file call per check, each of which gives the interpreter lock to a
         # round drawing beside it (rounds at once) and waits to get it back (benchmarks/roundtrip.py)
         self._inflight_text = json.dumps(dict(property=prop, target=self.target_name, case=case.to_dict()))
         self._last_finished = False
         try:
-            self._conn.send((prop, self._inflight_text, self._inflight_str))
+            self._conn.send((prop, self._inflight_text, str(self.inflight_path)))
         except (BrokenPipeError, OSError):
             self._proc.join(timeout=5)
             words, outcome = self._exit_words(self._proc)
