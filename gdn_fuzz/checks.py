@@ -13,6 +13,7 @@ landed, which row) are only looked up once a check has failed.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ import torch
 
 from gdn_fuzz import fused_oracle, graphs
 from gdn_fuzz.case import Case, Row, draws_for, materialize
-from gdn_fuzz.compare import from_sums, rel_to_magnitude, table_for
+from gdn_fuzz.compare import floor_of, from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
-from gdn_fuzz.observation import Observation, READ_ONLY, mapped_rows, observe, same_bits
+from gdn_fuzz.observation import Observation, READ_ONLY, differ_bits, mapped_rows, observe, same_bits
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
 
@@ -44,8 +45,14 @@ def _worst(metric: torch.Tensor, live_rows: torch.Tensor):
     return r, h, val
 
 
+def _not_finite(t: torch.Tensor) -> torch.Tensor:
+    """~torch.isfinite(t) in two kernels, not five (isfinite is |t| != inf and t == t, then the not): t - t is 0
+    for every finite t and NaN for an infinity or a NaN."""
+    return (t - t) != 0
+
+
 def _nonfinite(t: torch.Tensor, dims) -> torch.Tensor:
-    x = ~torch.isfinite(t)
+    x = _not_finite(t)
     for d in sorted(dims, reverse=True):
         x = x.any(d)
     return x
@@ -213,10 +220,25 @@ class MetricSummary:
 
 def summary_tensor(metrics: dict[str, Metric]) -> torch.Tensor:
     """Every metric's verdict as one float64 device tensor: per metric [flat index, ratio, rel, any live] of its
-    worst live (row, head), then the worst rel per row [B] and the live rows [B]; summarize() reads it back."""
-    parts = [torch.cat([_worst_on_device(m.ratio, m.rel, m.live), m.rel.double().amax(1), m.live.double()])
-             for m in metrics.values()]
-    return torch.cat(parts)
+    worst live (row, head), then the worst rel per row [B] and the live rows [B]; summarize() reads it back.
+
+    The metrics of one [B, X] shape are reduced together, stacked (a dozen kernels per shape, not per metric: on a
+    GPU each is a few microseconds of a check's replayed graph); the numbers are _worst_on_device's, bit for bit
+    (the same elementwise float64 operations; argmax takes the first of equal maxima either way)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, m in metrics.items():
+        groups.setdefault(tuple(m.rel.shape), []).append(name)
+    parts = {}
+    for names in groups.values():
+        ratio = torch.stack([metrics[n].ratio for n in names]).double()  # [M, B, X]
+        rel = torch.stack([metrics[n].rel for n in names]).double()
+        live = torch.stack([metrics[n].live for n in names])  # [M, B]
+        m = torch.where(live[:, :, None], torch.nan_to_num(ratio, nan=float("inf")), -1.0).flatten(1)
+        flat = torch.argmax(m, 1, keepdim=True)  # [M, 1]
+        part = torch.cat([flat.double(), m.gather(1, flat), rel.flatten(1).gather(1, flat),
+                          live.any(1, keepdim=True).double(), rel.amax(2), live.double()], 1)  # [M, 4 + 2B]
+        parts.update(zip(names, part))
+    return torch.cat([parts[n] for n in metrics])
 
 
 def read_summary(flat: list, shapes: dict[str, tuple]) -> dict[str, MetricSummary]:
@@ -241,6 +263,22 @@ def summarize(metrics: dict[str, Metric]) -> dict[str, MetricSummary]:
 CLAUSES = {"y": "M4", "k": "M5", "u": "M5", "g": "M6", "fold": "M7"}
 
 
+@functools.lru_cache(maxsize=256)
+def _coefficients(arm: str, outputs: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rtol, floor), float64 tensors [len(outputs)] on `device`, of the outputs (name, elements per slice) in
+    order: the arm's tolerance table (compare.table_for) and from_sums' floor, atol * sqrt(elements).  Made once
+    per key, outside any CUDA-graph capture (gdn_fuzz.graphs runs a check once before capturing it): the device
+    code gets these numbers, never the rules."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the tolerance coefficients of {arm} {outputs} were first asked for inside a CUDA-graph "
+                           "capture; run the check once before capturing it (gdn_fuzz.graphs._capture does)")
+    tol = table_for(arm)
+    rtol = [tol[name].rtol for name, _ in outputs]
+    floor = [floor_of(n, tol[name].atol) for name, n in outputs]
+    return (torch.tensor(rtol, dtype=torch.float64, device=device),
+            torch.tensor(floor, dtype=torch.float64, device=device))
+
+
 def oracle_metrics(obs: Observation, e=None, sums: torch.Tensor | None = None) -> dict[str, Metric]:
     """M4-M7: y, appended k/u/g and the fold against the float64 oracle, per (row, head).
 
@@ -261,27 +299,31 @@ def oracle_metrics(obs: Observation, e=None, sums: torch.Tensor | None = None) -
         rel = torch.where(nonfin, inf, err / den.clamp_min(1e-300))
         return Metric(rel, ratio, live_mask)
 
-    # y, u and the fold from their sums: [B, HV] per output
-    for i, (name, n, live_mask) in enumerate((("y", T * V, live), ("u", T * V, live), ("fold", V * K, e.flush))):
-        if name == "y" and obs.output is None:
-            continue
-        s = sums[:, :, i]
-        out[name] = metric(tol[name], *from_sums(s[..., 0], s[..., 1], n, tol[name].atol), s[..., 2] > 0, live_mask)
+    # y, u and the fold from their sums: [B, HV] per output, the three reduced together (sums[:, :, j] is output j)
+    outs = [o for o in (("y", T * V, live), ("u", T * V, live), ("fold", V * K, e.flush))
+            if o[0] != "y" or obs.output is not None]
+    s = sums[:, :, 3 - len(outs):]  # [B, HV, len(outs), 3]: y's sums are first
+    rtol, floor = _coefficients(obs.case.arm, tuple((name, n) for name, n, _ in outs), s.device)
+    err, den, _ = from_sums(s[..., 0], s[..., 1], 1)
+    nonfin = s[..., 2] > 0
+    ratio = torch.where(nonfin, float("inf"), err / (den * rtol + floor).clamp_min(1e-300))
+    rel = torch.where(nonfin, float("inf"), err / den.clamp_min(1e-300))
+    for j, (name, _, live_mask) in enumerate(outs):
+        out[name] = Metric(rel[..., j], ratio[..., j], live_mask)
     # k: appends at (idx, k-head, slot(P+s)) -> [B, T, H, K], per (row, k-head) over (T, K)
     idx = obs.before["initial_state_indices"].long().clamp(min=0)
     k_got = obs.after["k_cache"].permute(0, 2, 1, 3)[idx[:, None].expand(B, T), e.slots]
     err, den, floor = rel_to_magnitude(k_got, e.k_app, e.k_app.abs(), (1, 3), tol["k"].atol)
-    out["k"] = metric(tol["k"], err, den, floor, _nonfinite(k_got.double(), (1, 3)), live)
+    out["k"] = metric(tol["k"], err, den, floor, _nonfinite(k_got, (1, 3)), live)
     # g: max over tokens of |dG| / summed |g|  -> [B, HV]
     g_got = obs.after["g_cache"].permute(0, 2, 1)[idx[:, None].expand(B, T), e.slots]  # [B, T, HV]
     tg = tol["g"]
     g_abs = (g_got.double() - e.g_app).abs()  # [B, T, HV]
     tokens = torch.arange(1, T + 1, device=g_abs.device, dtype=torch.float64)[None, :, None]
     floor = tokens * torch.exp(obs.before["A_log"].double())[None, None, :] * tg.atol
-    inf = torch.full_like(g_abs, float("inf"))
-    fin = torch.isfinite(g_got)
-    g_rel = torch.where(fin, g_abs / e.g_mag.clamp_min(1e-30), inf).amax(1)
-    g_ratio = torch.where(fin, g_abs / (tg.rtol * e.g_mag + floor).clamp_min(1e-300), inf).amax(1)
+    nonfin = _not_finite(g_got)
+    g_rel = torch.where(nonfin, float("inf"), g_abs / e.g_mag.clamp_min(1e-30)).amax(1)
+    g_ratio = torch.where(nonfin, float("inf"), g_abs / (tg.rtol * e.g_mag + floor).clamp_min(1e-300)).amax(1)
     out["g"] = Metric(g_rel, g_ratio, live)
     return {name: out[name] for name in ("y", "k", "u", "g", "fold") if name in out}
 
@@ -356,12 +398,14 @@ def _tol_reason(t) -> str:
     return (parts[1] if len(parts) > 1 else parts[0]).replace("torch.", "").strip()
 
 
-def _writes(obs: Observation, flush_min=None):
+def _writes(obs: Observation, flush_min=None, per_input: bool = True):
     """check_writes' device half: (the ring and pool buffers as (name, mask, clause), the changed-outside masks,
     the rows compared (None: all), the read-only inputs and cursors compared, and the flags [changed outside
-    per buffer] + [modified per input and cursor] as one bool device tensor).  The pool size is the tensors':
-    gdn_fuzz.graphs pads the pool-indexed buffers of a graph (rows no launch reads or writes, equal before and
-    after); flush_min as in _oracle_inputs."""
+    per buffer] + [modified per input and cursor] as one bool device tensor).  per_input=False (the verdict): one
+    flag for all the inputs and cursors, from one comparison of their bytes (which one changed is check_writes'
+    question, asked only of a failing launch).  The pool size is the tensors': gdn_fuzz.graphs pads the
+    pool-indexed buffers of a graph (rows no launch reads or writes, equal before and after); flush_min as in
+    _oracle_inputs."""
     case, b, a = obs.case, obs.before, obs.after
     ws = ring_oracle.write_set(pool_size=b["initial_state_source"].shape[0], H=case.H, HV=case.HV, T=case.T,
                                idx=b["initial_state_indices"], hist_len=b["hist_len"],
@@ -376,12 +420,21 @@ def _writes(obs: Observation, flush_min=None):
     # fill="rows" on the CPU: only the rows whose pages were ever mapped can differ (mapped_rows)
     rows = [_mapped_either(b[name], a[name]) if obs.from_case and case.fill == "rows" else None
             for name, _, _ in masks]
-    changed = [~same_bits(b[name], a[name]) & ~mask if r is None
-               else ~same_bits(b[name][r], a[name][r]) & ~mask[r.to(mask.device)]
+    changed = [torch.where(mask, False, differ_bits(b[name], a[name])) if r is None
+               else torch.where(mask[r.to(mask.device)], False, differ_bits(b[name][r], a[name][r]))
                for (name, mask, _), r in zip(masks, rows)]
-    flags = torch.stack([c.any() for c in changed]
-                        + [~same_bits(b[n], a[n]).all() for n in read_only + list(cursors)])
+    compared = read_only + list(cursors)
+    if per_input:
+        modified = [~same_bits(b[n], a[n]).all() for n in compared]
+    else:
+        modified = [(_bytes([b[n] for n in compared]) != _bytes([a[n] for n in compared])).any()]
+    flags = torch.stack([c.any() for c in changed] + modified)
     return masks, changed, rows, read_only, cursors, flags
+
+
+def _bytes(tensors: list) -> torch.Tensor:
+    """The tensors' bytes end to end, one uint8 tensor (one copy kernel for all of them)."""
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
 
 
 def check_writes(obs: Observation) -> list[Finding]:
@@ -445,7 +498,8 @@ def verdict(obs: Observation, flush_min=None) -> torch.Tensor:
     arm, scale and cursor mode), with no host round trip for a launch materialized from its Case: what
     gdn_fuzz.graphs captures as a CUDA graph.  flush_min as in _oracle_inputs."""
     e, sums = measure(obs, flush_min)
-    return torch.cat([summary_tensor(oracle_metrics(obs, e, sums)), _writes(obs, flush_min)[-1].double()])
+    return torch.cat([summary_tensor(oracle_metrics(obs, e, sums)),
+                      _writes(obs, flush_min, per_input=False)[-1].double()])
 
 
 def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
@@ -453,8 +507,7 @@ def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
     case = obs.case
     shapes = {n: (case.B, case.H if n == "k" else case.HV) for n in ("y", "k", "u", "g", "fold")
               if n != "y" or obs.output is not None}
-    read_only = [n for n in READ_ONLY if isinstance(obs.before.get(n), torch.Tensor)]
-    return shapes, 4 + len(read_only) + (0 if case.restart_hist_on_flush else 2)
+    return shapes, 5  # 4 buffers' changed-outside flags, then one for the read-only inputs and cursors
 
 
 def _check_launch(target: Target, case: Case, device: str) -> Findings:

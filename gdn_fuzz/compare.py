@@ -145,7 +145,12 @@ def rel_to_magnitude(got, want, mag, dims, atol: float = 0.0):
 def from_sums(err2: torch.Tensor, mag2: torch.Tensor, n: int, atol: float = 0.0):
     """rel_to_magnitude's (err, mag, floor) of a slice of n elements from its sums of squares: sum (got - want)^2
     and sum mag^2 (what the fused oracle's kernel reduces on the device: gdn_fuzz.fused_oracle.measure)."""
-    return err2.sqrt(), mag2.sqrt(), atol * n**0.5
+    return err2.sqrt(), mag2.sqrt(), floor_of(n, atol)
+
+
+def floor_of(n: int, atol: float) -> float:
+    """The absolute floor of a slice of n elements: atol * sqrt(n) (rel_to_magnitude, from_sums)."""
+    return atol * n**0.5
 
 
 # ------------------------------------------------------------------ drift budget (served requests)

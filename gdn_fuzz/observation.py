@@ -62,6 +62,12 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(itype) == y.contiguous().view(itype)
 
 
+def differ_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """~same_bits(x, y) in one comparison: True where the bits differ."""
+    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.contiguous().view(itype) != y.contiguous().view(itype)
+
+
 
 def mapped_rows(t: torch.Tensor) -> torch.Tensor | None:
     """[t.shape[0]] bool for a contiguous CPU tensor: True where a page holding part of that row has

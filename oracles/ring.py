@@ -180,7 +180,8 @@ class WriteSet:
     """M8: every element a launch may write.  Everything outside must keep its bits.
 
     pool [pool, HV], k_ring [pool, H, 32], u_ring [pool, HV, 32], g_ring [pool, HV, 32],
-    output_rows [B]: booleans, True where a write is expected.
+    output_rows [B]: booleans, True where a write is expected.  The ring maps are broadcast views of one
+    [pool, 32] map: read them, do not write them.
     """
 
     pool: torch.Tensor
@@ -209,11 +210,12 @@ def write_set(*, pool_size: int, H: int, HV: int, T: int, idx, hist_len, cache_b
     pool = torch.zeros(pool_size + 1, HV, dtype=torch.bool, device=dev)
     pool.index_put_((torch.where(flush, rows, torch.full_like(rows, pool_size)),), true)
     pool = pool[:pool_size]
+    # the per-head maps are broadcast views of the one [pool, 32] map (read-only: a copy would be a kernel each)
     return WriteSet(pool=pool,
-                    k_ring=ring[:, None, :].expand(pool_size, H, RING_SLOTS).clone(),
-                    u_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS).clone(),
-                    g_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS).clone(),
-                    output_rows=live.clone())
+                    k_ring=ring[:, None, :].expand(pool_size, H, RING_SLOTS),
+                    u_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS),
+                    g_ring=ring[:, None, :].expand(pool_size, HV, RING_SLOTS),
+                    output_rows=live)
 
 
 def read_set(*, pool_size: int, H: int, HV: int, idx, hist_len, cache_base):

@@ -271,6 +271,13 @@ for step in "$@"; do
       timeout 400 python3 benchmarks/check_phases.py --target production --device cuda --n "${PHASES_N:-300}" --sync \
         --isolated --profile ${PHASES_PROFILE:-cprofile torch} --json "$R/$step.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?"; grep -E "^(per check|isolated|[0-9]+ cases)" "$R/$step.txt" | cut -c1-240 ;;
+    g32overhead)
+      # issue 32: the campaign process's own seconds per example (Hypothesis' draw and the bookkeeping, a stand-in
+      # check that passes at once: benchmarks/campaign_overhead.py) on this machine's CPU, this tree, then the base's
+      need_bundle
+      timeout 200 python3 benchmarks/campaign_overhead.py --seconds "${OVER_S:-10}" --profile 25 \
+        --json "$R/$step-new.json" > "$R/$step-new.txt" 2>&1
+      echo "$step new rc=$?"; grep -E "^(plain|campaign)" "$R/$step-new.txt" | cut -c1-240 ;;
     g32mutants)
       need_bundle
       timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \
