@@ -37,8 +37,10 @@ import torch
 PHASES = ("decode", "materialize", "before", "launch", "verdict", "rest", "sync", "answer")
 
 
-def draw_cases(target, device: str, n: int, seed: int, arms, Ts) -> list:
-    """n launch cases as a campaign round draws them (its strategy, its settings, the device's draw mode)."""
+def draw_cases(target, device: str, n: int, seed: int, arms, Ts, pool_scales: tuple = ()) -> list:
+    """n launch cases as a campaign round draws them (its strategy, its settings, the device's draw mode).
+    pool_scales: the campaign's pool-scale kinds passed to the strategy, and only cases that reached one of
+    them kept (strategies.pool_scale_of; the strategy takes that branch 1 time in SCALE_ODDS)."""
     import dataclasses
 
     from hypothesis import HealthCheck, given, settings
@@ -46,18 +48,22 @@ def draw_cases(target, device: str, n: int, seed: int, arms, Ts) -> list:
 
     from gdn_fuzz.case import draws_for
     from gdn_fuzz.properties import get_property
-    from gdn_fuzz.strategies import BUCKETS, geometries_for
+    from gdn_fuzz.strategies import BUCKETS, geometries_for, pool_scale_of
+    from gdn_fuzz.strategies._cases import SCALE_ODDS
 
     out: list = []
+    kw = dict(pool_scales=tuple(pool_scales)) if pool_scales else {}
     strat = get_property("launch").strategy(arms=tuple(arms), Ts=tuple(Ts), geometries=geometries_for(target),
-                                            buckets=BUCKETS)
+                                            buckets=BUCKETS, **kw)
     draws = draws_for(device)
 
     @hseed(seed)
-    @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=n * (4 * SCALE_ODDS if pool_scales else 1), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
     @given(strat)
     def collect(case):
-        out.append(dataclasses.replace(case, draws=draws))
+        if not pool_scales or pool_scale_of(case) in pool_scales:
+            out.append(dataclasses.replace(case, draws=draws))
 
     collect()
     return out[:n]
@@ -162,6 +168,8 @@ def main(argv=None) -> None:
     ap.add_argument("--isolated", action="store_true", help="also time the checks through an isolated worker")
     ap.add_argument("--profile", nargs="*", choices=("cprofile", "torch"), default=(),
                     help="profile one more pass per profiler named and print the top entries")
+    ap.add_argument("--pool-scales", nargs="+", default=(), choices=("thousands", "int32"),
+                    help="only cases of these pool-scale kinds (the product command draws them 1 time in 8)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -169,13 +177,14 @@ def main(argv=None) -> None:
 
     target = get_target(args.target)
     t0 = time.perf_counter()
-    cases = draw_cases(target, args.device, args.n, args.seed, args.arms, args.T)
+    cases = draw_cases(target, args.device, args.n, args.seed, args.arms, args.T, tuple(args.pool_scales))
     draw_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for c in cases:
         check_once(target, c, args.device)
     warm_s = time.perf_counter() - t0
     rec = dict(target=args.target, device=args.device, torch=torch.__version__, n=len(cases), draw_s=draw_s,
+               pool_scales=list(args.pool_scales),
                warm_s=warm_s, gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     print(f"{len(cases)} cases drawn in {draw_s:.1f} s; first pass (compiles, captures) {warm_s:.1f} s", flush=True)
     for sync in ([False, True] if args.sync else [False]):
