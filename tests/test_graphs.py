@@ -301,3 +301,44 @@ def test_row_cursor_check_is_the_tensor_one(rows):
             errs.append(str(e))
     assert errs[0] == errs[1]
     assert (errs[0] is None) == all(0 <= p <= 16 for s, p in rows if s >= 0)
+
+
+@st.composite
+def buffers_and_masks(draw):
+    """A pool-like or ring-like buffer before and after (bf16, float32 or int32, NaNs and signed zeros among the
+    values), some elements' bits changed, and a write-set mask of the forms ring.write_set makes: a [P, X] map
+    with size-1 trailing dims (the pool's), or a [P, 1, S] map expanded along dim 1 (stride 0: the rings')."""
+    dtype = draw(st.sampled_from((torch.bfloat16, torch.float32, torch.int32)))
+    P, X, S = draw(st.integers(1, 5)), draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    last = draw(st.sampled_from((1, 2, 3, 4, 8, 12)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    shape = (P, X, S, last) if draw(st.booleans()) else (P, X, S)
+    b = torch.randint(-2**15, 2**15, shape, generator=g).to(torch.int32)
+    b = b.view(torch.float32).to(dtype) if dtype != torch.int32 else b
+    if dtype != torch.int32:  # NaN payloads and signed zeros: bits, not values
+        b.view(-1)[:: max(1, b.numel() // 3)] = float("nan") if draw(st.booleans()) else -0.0
+    a = b.clone()
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[b.element_size()]
+    for i in draw(st.lists(st.integers(0, b.numel() - 1), max_size=4)):
+        a.view(ints).view(-1)[i] ^= draw(st.sampled_from((1, -1, 1 << (8 * b.element_size() - 2))))
+    if draw(st.booleans()):  # the pool's form: [P, X] then size-1 dims
+        mask = (torch.rand(P, X, generator=g) < 0.5).reshape(P, X, *(1,) * (b.dim() - 2))
+    else:  # the rings' form: one [P, S] map expanded along X (and a size-1 trailing dim where b has one)
+        ring = torch.rand(P, S, generator=g) < 0.5
+        mask = ring[:, None, :].expand(P, X, S)
+        mask = mask[..., None] if b.dim() == 4 else mask
+    if draw(st.booleans()) and b.dim() == 4 and last > 1:  # not contiguous, or not 8-byte aligned: the plain path
+        b, a, mask = b[..., 1:], a[..., 1:], mask
+    return b, a, mask
+
+
+@settings(max_examples=300, deadline=None)
+@given(buffers_and_masks())
+def test_changed_outside_is_the_elementwise_flag(bam):
+    """The verdict's one flag per buffer (checks._changed_outside: 8-byte words, reduced over the mask's constant
+    dims) is the elementwise comparison's, torch.where(mask, False, differ_bits(b, a)).any(), for every change."""
+    from gdn_fuzz.observation import differ_bits
+
+    b, a, mask = bam
+    want = bool(torch.where(mask, False, differ_bits(b, a)).any())
+    assert bool(checks._changed_outside(b, a, mask)) == want
