@@ -267,11 +267,11 @@ for step in "$@"; do
       # issue 32: one check's time in the worker, phase by phase (benchmarks/check_phases.py: host time, then each
       # phase synchronized), the isolated worker's round trip against its own seconds, then cProfile and
       # torch.profiler passes over the same checks; g32phases_scales: the pool-scale cases only (PHASES_SCALES,
-      # default "thousands int32"; PHASES_N cases, no isolated pass)
+      # default "thousands int32"; PHASES_SCALES_N cases, default 32; no isolated pass)
       need_bundle
-      extra="--isolated"
-      [[ "$step" == g32phases_scales* ]] && extra="--pool-scales ${PHASES_SCALES:-thousands int32}"
-      timeout 400 python3 benchmarks/check_phases.py --target production --device cuda --n "${PHASES_N:-300}" --sync \
+      extra="--isolated"; n=${PHASES_N:-300}
+      [[ "$step" == g32phases_scales* ]] && { extra="--pool-scales ${PHASES_SCALES:-thousands int32}"; n=${PHASES_SCALES_N:-32}; }
+      timeout 400 python3 benchmarks/check_phases.py --target production --device cuda --n "$n" --sync \
         $extra --profile ${PHASES_PROFILE-cprofile torch} --json "$R/$step.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?"; grep -E "^(per check|isolated|[0-9]+ cases)" "$R/$step.txt" | cut -c1-240 ;;
     g32overhead)
