@@ -456,7 +456,7 @@ def _changed_outside(b: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> to
         d = d.any(dim=const, keepdim=True)
         for i in const:
             m = m.narrow(i, 0, 1)
-    return (d & ~m).any()
+    return torch.where(m, False, d).any()
 
 
 def _bytes(tensors: list) -> torch.Tensor:

@@ -229,10 +229,17 @@ def test_the_verdict_reads_nothing_on_the_host():
     a device value on the host or copies Python data to the device.  The cursor check of a launch materialized
     from its Case reads the Case's rows as Python integers (graphs.run calls it before each replay), no tensor.
     Run on the CPU, where every tensor is a CPU tensor: each watched op is a failure.  The tensor form of the
-    cursor check, run in the same watch, shows that the watch sees such reads."""
+    cursor check, run in the same watch, shows that the watch sees such reads.  The tolerance coefficients are
+    copied to the device once per (arm, shape) and cached (checks._coefficients, which refuses to be first asked
+    inside a capture; a key's first sightings run eagerly): a first verdict outside the watch makes them, as the
+    eager sightings before a capture do."""
     case = Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=9, rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1)),
                 seed=0)
     obs = observe(get_target("reference"), case)
+    checks._coefficients.cache_clear()
+    with _HostReads() as reads:
+        checks.verdict(obs)
+    assert {where for _, where in reads.seen} == {"_coefficients"}, reads.seen  # the first verdict of its key
     with _HostReads() as reads:
         checks.verdict(obs)
     assert reads.seen == [], reads.seen
