@@ -288,7 +288,9 @@ for step in "$@"; do
       echo "$step rc=$?" ;;
     pack)
       # the device returns a few files per call: everything under $R in one archive
-      tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$R" && ls -l "$OUT" ;;
+      # (a pack between steps keeps what ran if a later step runs past the call's limit: logs-1.tgz, logs-2.tgz ...)
+      n=$(ls "$OUT"/logs*.tgz 2>/dev/null | wc -l); name=logs.tgz; [ "$n" -gt 0 ] && name=logs-$n.tgz
+      tar czf "$OUT/$name" -C "$OUT" r && rm -rf "$R" && mkdir -p "$R" && ls -l "$OUT" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "$step $(( $(date +%s) - s ))s"
