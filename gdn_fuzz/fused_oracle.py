@@ -301,6 +301,9 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache, hist
         raise RuntimeError(f"the fused oracle cannot run here: {why}; use oracles.ring.launch ({ENV}=spec)")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    # the cursors as int64 once: the spec's functions below take .long() of them, a no-op on an int64 tensor (on a
+    # GPU each conversion of the int32 cursors is a kernel: 11 of them, 3 now)
+    idx, hist_len, cache_base = idx.long(), hist_len.long(), cache_base.long()
     g, beta = gdn_oracle.gates(a, dt_bias, A_log, b)  # [B, T, HV]
     q_hat, k_hat = gdn_oracle.normalized_qk(q, k, HV, scale)  # [B, T, HV, K]
     kw0, uw0, Gw, valid = ring_oracle.gather_window(k_cache[..., :0], u_cache[..., :0], g_cache, idx, hist_len,
