@@ -403,7 +403,8 @@ def _writes(obs: Observation, flush_min=None, per_input: bool = True):
     the rows compared (None: all), the read-only inputs and cursors compared, and the flags [changed outside
     per buffer] + [modified per input and cursor] as one bool device tensor).  per_input=False (the verdict): one
     flag for all the inputs and cursors, from one comparison of their bytes (which one changed is check_writes'
-    question, asked only of a failing launch).  The pool size is the tensors': gdn_fuzz.graphs pads the
+    question, asked only of a failing launch), and each buffer's flag from _changed_outside with no elementwise
+    mask (the changed-outside masks are then None, except for a fill="rows" case on the CPU).  The pool size is the tensors': gdn_fuzz.graphs pads the
     pool-indexed buffers of a graph (rows no launch reads or writes, equal before and after); flush_min as in
     _oracle_inputs."""
     case, b, a = obs.case, obs.before, obs.after
