@@ -404,14 +404,13 @@ def _writes(obs: Observation, flush_min=None, per_input: bool = True):
     per buffer] + [modified per input and cursor] as one bool device tensor).  per_input=False (the verdict): one
     flag for all the inputs and cursors, from one comparison of their bytes (which one changed is check_writes'
     question, asked only of a failing launch), and each buffer's flag from _changed_outside with no elementwise
-    mask (the changed-outside masks are then None, except for a fill="rows" case on the CPU).  The pool size is the tensors': gdn_fuzz.graphs pads the
-    pool-indexed buffers of a graph (rows no launch reads or writes, equal before and after); flush_min as in
-    _oracle_inputs."""
+    mask (the changed-outside masks are then None, except for a fill="rows" case on the CPU).  The pool size is
+    the tensors': gdn_fuzz.graphs pads the pool-indexed buffers of a graph (rows no launch reads or writes, equal
+    before and after); flush_min as in _oracle_inputs."""
     case, b, a = obs.case, obs.before, obs.after
     ws = ring_oracle.write_set(pool_size=b["initial_state_source"].shape[0], H=case.H, HV=case.HV, T=case.T,
-                               idx=b["initial_state_indices"].long(), hist_len=b["hist_len"].long(),
-                               cache_base=b["cache_base"].long(),  # int64 once: write_set's .long() are no-ops
-                               flush_min=case.fmin if flush_min is None else flush_min)
+                               idx=b["initial_state_indices"], hist_len=b["hist_len"],
+                               cache_base=b["cache_base"], flush_min=case.fmin if flush_min is None else flush_min)
     masks = (("initial_state_source", ws.pool[..., None, None], "M8"),
              ("k_cache", ws.k_ring[..., None], "M5"),
              ("u_cache", ws.u_ring[..., None], "M5"),

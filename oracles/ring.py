@@ -196,17 +196,18 @@ def write_set(*, pool_size: int, H: int, HV: int, T: int, idx, hist_len, cache_b
     """M8: non-pad rows write output rows and T append slots; flush rows also write pool[idx].
     flush_min: an int or a 0-d tensor on idx's device."""
     dev = idx.device
-    live = idx.long() >= 0
+    idx, hist_len = idx.long(), hist_len.long()  # once: on a GPU each conversion is a kernel
+    live = idx >= 0
     # pad rows write nothing: they are routed to a spare row `pool_size` that is dropped
     # (no boolean indexing, so no host round trip on a GPU)
-    rows = torch.where(live, idx.long(), torch.full_like(idx.long(), pool_size))
-    slots = ring_slots(cache_base, 0, T) + hist_len.long()[:, None]
+    rows = torch.where(live, idx, torch.full_like(idx, pool_size))
+    slots = ring_slots(cache_base, 0, T) + hist_len[:, None]
     slots = slots & RING_MASK  # [B, T]
     true = torch.ones((), dtype=torch.bool, device=dev)  # a device value: `= True` would copy it from the host
     ring = torch.zeros(pool_size + 1, RING_SLOTS, dtype=torch.bool, device=dev)
     ring.index_put_((rows[:, None].expand_as(slots), slots), true)
     ring = ring[:pool_size]
-    flush = live & (hist_len.long() >= flush_min)
+    flush = live & (hist_len >= flush_min)
     pool = torch.zeros(pool_size + 1, HV, dtype=torch.bool, device=dev)
     pool.index_put_((torch.where(flush, rows, torch.full_like(rows, pool_size)),), true)
     pool = pool[:pool_size]
