@@ -37,10 +37,12 @@ import torch
 PHASES = ("decode", "materialize", "before", "launch", "verdict", "rest", "sync", "answer")
 
 
-def draw_cases(target, device: str, n: int, seed: int, arms, Ts, pool_scales: tuple = ()) -> list:
+def draw_cases(target, device: str, n: int, seed: int, arms, Ts, pool_scales: tuple = (),
+               geometries: tuple | None = None) -> list:
     """n launch cases as a campaign round draws them (its strategy, its settings, the device's draw mode).
     pool_scales: the campaign's pool-scale kinds passed to the strategy, and only cases that reached one of
-    them kept (strategies.pool_scale_of; the strategy takes that branch 1 time in SCALE_ODDS)."""
+    them kept (strategies.pool_scale_of; the strategy takes that branch 1 time in SCALE_ODDS).  geometries:
+    the (H, HV) menu (default: the target's, strategies.geometries_for)."""
     import dataclasses
 
     from hypothesis import HealthCheck, given, settings
@@ -53,7 +55,7 @@ def draw_cases(target, device: str, n: int, seed: int, arms, Ts, pool_scales: tu
 
     out: list = []
     kw = dict(pool_scales=tuple(pool_scales)) if pool_scales else {}
-    strat = get_property("launch").strategy(arms=tuple(arms), Ts=tuple(Ts), geometries=geometries_for(target),
+    strat = get_property("launch").strategy(arms=tuple(arms), Ts=tuple(Ts), geometries=geometries or geometries_for(target),
                                             buckets=BUCKETS, **kw)
     draws = draws_for(device)
 

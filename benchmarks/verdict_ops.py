@@ -3,8 +3,8 @@
 At the campaign's shapes a verdict reads almost nothing, so its GPU time is its kernels' count times a few
 microseconds each.  This counts the aten operations checks.verdict dispatches on a CPU observation (the same ops a
 CUDA verdict launches, the same graph a capture records), leaving out views and allocations, which launch nothing:
-an op counts when it is not a view (OpOverload.is_view), not an empty/empty_strided/_to_copy of no data, and not a
-metadata query.  The parts are the verdict's own functions (measure, oracle_metrics, summary_tensor, _writes),
+an op counts when it is not a view (OpOverload.is_view) and not one of NO_KERNEL (allocations without a fill,
+metadata queries).  The parts are the verdict's own functions (measure, oracle_metrics, summary_tensor, _writes),
 counted by wrapping them (nothing re-implemented).  On the CPU `measure` is the spec's path (the whole [V, K] state
 work in torch ops); on a GPU it is the fused oracle's preparation, one kernel and a sum: `fused_prepare` counts that
 preparation (fused_oracle._prepare, run here on the CPU with its device check waived), so a GPU verdict is about
@@ -13,7 +13,7 @@ fused_prepare + 3 + oracle_metrics + summary_tensor + _writes.
     python benchmarks/verdict_ops.py [--n 40] [--seed 0] [--json out.json]
 
 The cases are the launch property's strategy at the GPU campaign's menu (bf16, T 4 and 8, the GPU geometries,
-buckets 4 and 8), run on the reference target on the CPU.
+buckets 4 and 8: check_phases.draw_cases), run on the reference target on the CPU.
 """
 
 from __future__ import annotations
@@ -57,30 +57,16 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    import dataclasses
-
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import seed as hseed
-
     import inspect
 
+    from check_phases import draw_cases
     from gdn_fuzz import checks, fused_oracle
     from gdn_fuzz.observation import observe
-    from gdn_fuzz.properties import get_property
-    from gdn_fuzz.strategies import BUCKETS, GPU_GEOMETRIES
+    from gdn_fuzz.strategies import GPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
 
-    cases: list = []
-    strat = get_property("launch").strategy(arms=("bf16",), Ts=(4, 8), geometries=GPU_GEOMETRIES, buckets=BUCKETS)
-
-    @hseed(args.seed)
-    @settings(max_examples=args.n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(strat)
-    def collect(case):
-        cases.append(dataclasses.replace(case, draws="cpu"))
-
-    collect()
     target = get_target("reference")
+    cases = draw_cases(target, "cpu", args.n, args.seed, ("bf16",), (4, 8), geometries=GPU_GEOMETRIES)
     counter = Count()
     saved = {p: getattr(checks, p) for p in PARTS}
 
@@ -100,7 +86,7 @@ def main(argv=None) -> None:
     try:
         for p in PARTS:
             setattr(checks, p, wrap(p, saved[p]))
-        for c in cases[:args.n]:
+        for c in cases:
             obs = observe(target, c, "cpu")
             if obs.error is not None:
                 continue
