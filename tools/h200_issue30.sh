@@ -17,7 +17,8 @@
 # firstfind (seconds to the first finding on edited kernels from empty caches, base tree and this tree in turn),
 # g32draws (materialize by the draw program replayed as a CUDA graph against draws=cuda, table and campaign),
 # g32pipe (the product command's runs, PIPE_RUNS; a tag "base..." runs the base tree), g32phases (one check's
-# phases in the worker, benchmarks/check_phases.py).
+# phases in the worker, benchmarks/check_phases.py), g32mps (the product command without and with a private CUDA MPS
+# daemon, the host's CPU sampled).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -262,6 +263,33 @@ for step in "$@"; do
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
           --json "$R/$name.json") > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200; unset GDN_STACKS_DIR
+      done ;;
+    g32mps)
+      # issue 32: the product command (bf16, default pool scales) with each worker's own CUDA context (off) against
+      # one shared context under a private CUDA MPS daemon (on: its pipe and log folders under /tmp/gdn-mps, stopped
+      # after the run; the GPU's settings, compute mode included, are not touched), the GPU's utilization and the
+      # host's CPU (/proc/stat, 1 s) sampled meanwhile; MPS_RUNS: "MODE:PROCESSES ..."
+      need_bundle
+      { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$step-env.txt" 2>&1
+      for run in ${MPS_RUNS:-off:8 on:8}; do
+        IFS=: read -r mode np <<< "$run"; name="$step-$mode-n$np"
+        if [ "$mode" = on ]; then
+          export CUDA_MPS_PIPE_DIRECTORY=/tmp/gdn-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/gdn-mps/log
+          mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+          nvidia-cuda-mps-control -d >> "$R/$name-mps.txt" 2>&1; echo "mps daemon rc=$?" >> "$R/$name-mps.txt"
+        fi
+        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
+        smi=$!
+        (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$name-cpu.txt" 2>&1 &
+        cpu=$!
+        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+          --product "${PRODUCT_S:-30}" --processes "$np" --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        echo "$name rc=$?"; kill $smi $cpu 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200
+        if [ "$mode" = on ]; then
+          echo quit | nvidia-cuda-mps-control >> "$R/$name-mps.txt" 2>&1; sleep 2
+          cp -r $CUDA_MPS_LOG_DIRECTORY "$R/$name-mpslog" 2>/dev/null; rm -rf /tmp/gdn-mps
+          unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        fi
       done ;;
     g32phases|g32phases_*)
       # issue 32: one check's time in the worker, phase by phase (benchmarks/check_phases.py: host time, then each
