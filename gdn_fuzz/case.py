@@ -691,25 +691,36 @@ def _materialize_graph(case: Case, dev: torch.device) -> dict:
     return dict(out, flush_min=case.flush_min, restart_hist_on_flush=case.restart_hist_on_flush)
 
 
-def _materialize_rows(case: Case, device, history_device) -> dict:
-    """materialize() of a fill="rows" case: the case's rows renumbered onto a pool of just their
-    slots (a row's values are those of that small case: they depend on the seed and the row
-    order, not on the pool size), then scattered into a pool and rings of case.pool slots that
-    are zero everywhere else (lazy_zeros: on the CPU, memory no one writes is never allocated)."""
+def compact(case: Case) -> Case:
+    """A fill="rows" case's rows renumbered onto a pool of just their slots, in row order (fill="all"): what
+    materialize draws a fill="rows" case from (a row's values depend on the seed and the row order, not on the
+    pool size), and the launch check_launch judges the rows of a fill="rows" launch against."""
+    renum = {s: i for i, s in enumerate(case.used_slots())}
+    return dataclasses.replace(case, pool=max(len(renum), 1), fill="all",
+                               rows=tuple(r if r.pad else dataclasses.replace(r, slot=renum[r.slot]) for r in case.rows))
+
+
+def spread_rows(case: Case, small: dict) -> dict:
+    """The inputs of the fill="rows" case `case` from those of compact(case) (`small`, left as it is): its pool and
+    rings of case.pool slots, zero everywhere but the rows' slots, which hold small's rows (lazy_zeros: on the CPU,
+    memory no one writes is never allocated), and its slot indices; every other entry is small's own."""
     used = case.used_slots()
-    renum = {s: i for i, s in enumerate(used)}
-    small = dataclasses.replace(case, pool=max(len(used), 1), fill="all",
-                                rows=tuple(r if r.pad else dataclasses.replace(r, slot=renum[r.slot]) for r in case.rows))
-    inputs = materialize(small, device, history_device=history_device)
-    dev = torch.device(device)
+    inputs = dict(small)
+    dev = small["initial_state_source"].device
     at = torch.tensor(used, dtype=torch.long, device=dev)
     for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
-        t = inputs[name]
+        t = small[name]
         big = lazy_zeros((case.pool, *t.shape[1:]), t.dtype, dev)
         big[at] = t[:len(used)]
         inputs[name] = big
     inputs["initial_state_indices"] = torch.tensor([r.slot for r in case.rows], dtype=torch.int32).to(dev)
     return inputs
+
+
+def _materialize_rows(case: Case, device, history_device) -> dict:
+    """materialize() of a fill="rows" case: compact(case) materialized, then spread onto the case's pool
+    (spread_rows)."""
+    return spread_rows(case, materialize(compact(case), device, history_device=history_device))
 
 
 def lazy_zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:

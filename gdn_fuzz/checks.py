@@ -14,6 +14,7 @@ landed, which row) are only looked up once a check has failed.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from gdn_fuzz import fused_oracle, graphs
 from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import floor_of, from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
-from gdn_fuzz.observation import Observation, READ_ONLY, differ_bits, mapped_rows, observe, same_bits
+from gdn_fuzz.observation import (POOL_BUFFERS, READ_ONLY, Observation, RowsLaunch, differ_bits, mapped_rows, observe,
+                                  observe_rows, same_bits)
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
 
@@ -539,7 +541,68 @@ def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
 
 
 def _check_launch(target: Target, case: Case, device: str) -> Findings:
+    if case.fill == "rows" and case.used_slots():  # (with no row on the pool, observe() draws nothing big)
+        return check_rows(observe_rows(target, case, device))
     return check_observed(observe(target, case, device))
+
+
+def set_rows(t: torch.Tensor) -> torch.Tensor:
+    """[t.shape[0]] bool: whether any bit of that dim-0 row of t is set (compared in 8-byte words where the rows
+    allow: a word is nonzero exactly when one of its elements' bits is)."""
+    flat = t.reshape(t.shape[0], math.prod(t.shape[1:]))
+    if flat.shape[1] == 0:
+        return torch.zeros(flat.shape[0], dtype=torch.bool, device=t.device)
+    if flat.is_contiguous() and (flat.shape[1] * flat.element_size()) % 8 == 0 and flat.data_ptr() % 8 == 0:
+        return (flat.view(torch.int64) != 0).any(dim=1)
+    return (flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]) != 0
+            ).any(dim=1)
+
+
+def _set_outside(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Whether any bit of t is set in a dim-0 row where `keep` ([rows] bool, t's device) is False: a bool device
+    scalar.  On the CPU only the rows whose pages were ever mapped are read (a page never mapped reads as zero:
+    observation.mapped_rows)."""
+    mapped = mapped_rows(t) if t.device.type == "cpu" else None
+    if mapped is not None:
+        return set_rows(t[(mapped & ~keep).nonzero().squeeze(1)]).any()
+    return (set_rows(t) & ~keep).any()
+
+
+def rows_outside(rl: RowsLaunch) -> torch.Tensor:
+    """The write-set flags of a fill="rows" launch that its compact observation (RowsLaunch.obs) cannot see: per
+    pool buffer, whether a slot no row uses holds a set bit after the launch (they were all zero before it, by
+    construction: M8 for the pool, M5 for the rings), then whether the launch changed its slot indices (M8, a
+    read-only input).  One bool device tensor, no host round trip."""
+    keep = torch.zeros(rl.case.pool, dtype=torch.bool, device=rl.used.device)
+    keep[rl.used] = True
+    flags = [_set_outside(rl.launched[name], keep) for name in POOL_BUFFERS]
+    flags.append((rl.launched["initial_state_indices"] != rl.indices).any())
+    return torch.stack(flags)
+
+
+def check_rows(rl: RowsLaunch) -> Findings:
+    """check_launch's verdict on a fill="rows" launch: checks.verdict on its compact observation (every row's
+    oracle agreement and write set, as a small launch of the same rows: replayed from the CUDA graph of that shape)
+    and rows_outside for the rest of the pool, in one transfer.  The evidence of a failing launch is that of the
+    whole launch (RowsLaunch.full: "before" drawn again, the whole pool compared), as check_observed gives it."""
+    obs, case = rl.obs, rl.case
+    if obs.error is not None:
+        return check_observed(rl.full())
+    shapes, n_flags = verdict_shapes(obs)
+    flat = torch.cat([graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case)),
+                      rows_outside(rl).double()]).cpu().tolist()  # the one transfer
+    n_flags += len(POOL_BUFFERS) + 1
+    summary = read_summary(flat, shapes)
+    passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
+        sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())
+    if passed:
+        res = Findings([])
+    else:
+        full = rl.full()
+        e, _ = measure(full)
+        res = Findings(check_oracle(full, e, summary=summary) + check_writes(full))
+    res.metrics = row_metrics(summary)
+    return attach(res, launch_record(case))
 
 
 def check_observed(obs: Observation) -> Findings:

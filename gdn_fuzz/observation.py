@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gdn_fuzz.case import Case, materialize
+from gdn_fuzz.case import Case, compact, materialize, spread_rows
 from gdn_fuzz.targets import Target
 
 
 BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
+POOL_BUFFERS = BUFFERS[:4]  # indexed by pool slot (dim 0)
 
 
 READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
@@ -54,6 +55,55 @@ def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | N
     except Exception as e:  # the target's own exception, reported as a finding by the caller
         out, err = None, e
     return Observation(case=case, before=before, after=inputs, output=out, error=err, from_case=from_case)
+
+
+@dataclass
+class RowsLaunch:
+    """One launch of a fill="rows" case (a pool of thousands of slots or past 2^31 elements, zero but for its rows'
+    slots), observed without a second copy of its pool (observe_rows).
+
+    obs        the launch seen on its rows alone: case = compact(case) (the rows renumbered onto a pool of just their
+               slots), before = materialize of that case, after = the launch's pool and rings at the rows' slots in
+               row order (gathered) with its other tensors as they are, and its output: a small launch that the
+               checks judge as any other (checks.verdict; replayed from a CUDA graph where gdn_fuzz.graphs allows)
+    case       the fill="rows" case launched
+    launched   the launch's own tensors (the whole pool, after the launch), for the evidence of a failing launch
+    used       the rows' slots (int64, on the launch's device); indices: the slot indices as launched (a copy)
+    """
+
+    obs: Observation
+    case: Case
+    launched: dict
+    used: torch.Tensor
+    indices: torch.Tensor
+
+    def full(self) -> Observation:
+        """The launch as observe() sees it: "before" drawn again (materialize is a function of the case), the
+        whole pool compared (for the evidence of a failing launch)."""
+        return Observation(case=self.case, before=materialize(self.case, self.used.device), after=self.launched,
+                           output=self.obs.output, error=self.obs.error, from_case=True)
+
+
+def observe_rows(target: Target, case: Case, device: str = "cpu") -> RowsLaunch:
+    """observe() of a fill="rows" case, "before" drawn for the rows' slots only: compact(case) is materialized once
+    (its tensors are "before"), spread onto the pool (case.spread_rows) from a private copy, and launched.  What
+    observe() would have compared besides the rows' slots is zero before the launch by construction; whether it
+    still is after is checks.rows_outside's question."""
+    small = compact(case)
+    before = materialize(small, device)
+    inputs = spread_rows(case, clone_inputs(before))
+    indices = inputs["initial_state_indices"].clone()
+    try:
+        out, err = target.launch(case.arm, **inputs), None
+    except Exception as e:  # the target's own exception, reported as a finding by the caller
+        out, err = None, e
+    used = torch.tensor(case.used_slots(), dtype=torch.long, device=indices.device)
+    after = {k: (v[used] if k in POOL_BUFFERS else v) for k, v in inputs.items()}
+    # the launch's slot indices name the big pool's slots: the compact launch's are "before"'s, unless the launch
+    # changed them (checks.rows_outside compares them with `indices`)
+    after["initial_state_indices"] = before["initial_state_indices"]
+    obs = Observation(case=small, before=before, after=after, output=out, error=err, from_case=True)
+    return RowsLaunch(obs=obs, case=case, launched=inputs, used=used, indices=indices)
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,12 @@ import dataclasses
 import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
 
 from gdn_fuzz.case import Case, Row, materialize, lazy_zeros
-from gdn_fuzz.checks import check_launch, check_writes
+from gdn_fuzz.checks import check_launch, check_observed, check_writes, rows_outside, set_rows
 from gdn_fuzz.engine.campaign import Campaign
-from gdn_fuzz.observation import Observation, mapped_rows
+from gdn_fuzz.observation import Observation, mapped_rows, observe, observe_rows
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.strategies import CPU_GEOMETRIES, POOL_SCALES, cases, int32_slot, pool_scale_of
 from gdn_fuzz.targets import get_target
@@ -162,3 +163,76 @@ def test_qwen3_next_pool_past_2_31_elements(target_under_test, gdn_verdict):
                 pytest.skip(f"a pool past 2^31 elements needs ~{need / 2**30:.1f} GiB on {device}; "
                             f"{free / 2**30:.1f} GiB is free")
         gdn_verdict("launch", case, check_launch(target, case, device), target.name)
+
+
+# check_launch judges a fill="rows" launch on its rows alone (observation.observe_rows: "before" is the compact case's
+# materialize, the launch's rows are gathered) plus checks.rows_outside for the slots no row uses.  It must give what
+# the whole-pool comparison gives (observe() + check_observed: "before" drawn again, every slot compared), whatever
+# the kernel wrote where.
+
+class _Stray:
+    """The reference target, then one stray write into the launch's tensors (None: none)."""
+
+    def __init__(self, write):
+        self.inner, self.write, self.name = get_target("reference"), write, "reference+stray"
+
+    def launch(self, arm, **kw):
+        out = self.inner.launch(arm, **kw)
+        if self.write is not None:
+            name, where, value = self.write
+            kw[name][where] = value
+        return out
+
+
+@st.composite
+def rows_launches(draw):
+    """A fill="rows" case (a drawn small case's rows on drawn slots of a pool of up to 300) and one stray write:
+    into a pool buffer at a slot a row uses or not, into the slot indices, a cursor or a read-only input."""
+    small = draw(cases(geometries=CPU_GEOMETRIES, buckets=(4, 8), restart=(False, True)))
+    pool = draw(st.integers(small.pool + 1, 300))
+    slots = draw(st.lists(st.integers(0, pool - 1), min_size=small.pool, max_size=small.pool, unique=True))
+    rows = tuple(r if r.pad else dataclasses.replace(r, slot=slots[r.slot]) for r in small.rows)
+    case = dataclasses.replace(small, pool=pool, rows=rows, fill="rows")
+    kind = draw(st.sampled_from(["initial_state_source", "k_cache", "u_cache", "g_cache", "initial_state_indices",
+                                 "hist_len", "q", None]))
+    if kind is None:
+        return case, None
+    shape = {"initial_state_source": (pool, case.HV, case.V, case.K), "k_cache": (pool, case.H, 32, case.K),
+             "u_cache": (pool, case.HV, 32, case.V), "g_cache": (pool, case.HV, 32),
+             "initial_state_indices": (case.B,), "hist_len": (case.B,), "q": (case.B, case.T, case.H, case.K)}[kind]
+    used = case.used_slots()
+    first = draw(st.sampled_from(used) | st.integers(0, pool - 1)) if kind.endswith(("source", "cache")) \
+        else draw(st.integers(0, shape[0] - 1))
+    where = (first, *(draw(st.integers(0, n - 1)) for n in shape[1:]))
+    value = draw(st.sampled_from([7, 1]) if kind in ("initial_state_indices", "hist_len")
+                 else st.sampled_from([1.0, -0.0, float("nan"), 0.0]))
+    return case, (kind, where, value)
+
+
+def _seen(found) -> tuple:
+    return sorted((f.prop, f.message, f.outcome) for f in found), repr(found.metrics)
+
+
+@settings(max_examples=120, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(rows_launches())
+def test_rows_check_is_the_whole_pool_check(launch):
+    case, write = launch
+    target = _Stray(write)
+    assert _seen(check_launch(target, case, "cpu")) == _seen(check_observed(observe(target, case, "cpu")))
+    if write is None:  # a clean launch raises no flag (else every check would take the evidence's slow path)
+        assert not rows_outside(observe_rows(target, case, "cpu")).any()
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(st.sampled_from([torch.bfloat16, torch.float32, torch.int32, torch.uint8]),
+       st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_set_rows_is_any_set_bit_per_row(dtype, shape, data):
+    t = torch.zeros(shape, dtype=dtype)
+    flat = t.view(-1)
+    for i in data.draw(st.lists(st.integers(0, flat.numel() - 1), max_size=3)):
+        flat[i] = -0.0 if dtype.is_floating_point and data.draw(st.booleans()) else 3
+    sliced = data.draw(st.booleans()) and shape[-1] > 1
+    if sliced:  # not contiguous: compared element by element
+        t = t[..., 1:]
+    want = [bool((row.contiguous().view(-1).view(torch.uint8) != 0).any()) for row in t]
+    assert set_rows(t).tolist() == want

@@ -299,8 +299,14 @@ for step in "$@"; do
       need_bundle
       extra="--isolated"; n=${PHASES_N:-300}
       [[ "$step" == g32phases_scales* ]] && { extra="--pool-scales ${PHASES_SCALES:-thousands int32}"; n=${PHASES_SCALES_N:-32}; }
-      timeout 400 python3 benchmarks/check_phases.py --target production --device cuda --n "$n" --sync \
-        $extra --profile ${PHASES_PROFILE-cprofile torch} --json "$R/$step.json" > "$R/$step.txt" 2>&1
+      # a step name holding "base" (g32phases_scales_base): the base tree (BASE_TAR, unpacked to /tmp/base)
+      tree=$PWD; pp=$PYTHONPATH
+      if [[ "$step" == *base* ]]; then
+        if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+        tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
+      fi
+      (cd "$tree" && PYTHONPATH=$pp timeout 400 python3 benchmarks/check_phases.py --target production --device cuda \
+        --n "$n" --sync $extra --profile ${PHASES_PROFILE-cprofile torch} --json "$R/$step.json") > "$R/$step.txt" 2>&1
       echo "$step rc=$?"; grep -E "^(per check|isolated|[0-9]+ cases)" "$R/$step.txt" | cut -c1-240 ;;
     g32overhead)
       # issue 32: the campaign process's own seconds per example (Hypothesis' draw and the bookkeeping, a stand-in
