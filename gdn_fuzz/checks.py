@@ -509,13 +509,14 @@ def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
         return _check_launch(target, case, device)
     finally:
         if case.fill == "rows" and torch.device(device).type == "cuda" and case.alloc_bytes() > EMPTY_CACHE_BYTES:
-            # a pool past 2^31 elements and its "before": ~10 GiB the caching allocator would keep
-            # reserved, on a GPU that several campaign processes share (--processes)
+            # a pool past 2^31 elements: up to ~10 GiB the caching allocator would keep reserved, on a GPU that
+            # several campaign processes share (--processes)
             torch.cuda.empty_cache()
 
 
 # check_launch hands the caching allocator's blocks back to the device after a fill="rows" case whose pool and rings
-# (one copy; a launch holds two: the launch's and "before") pass this: the pools past 2^31 elements (5.5-10.5 GiB in
+# (one copy: the launch's; "before" holds the rows' slots only, observe_rows, except for a failing launch's
+# evidence) pass this: the pools past 2^31 elements (5.5-10.5 GiB in
 # the default menu) and the "thousands" pools at HV = 64 (5.3-10.5 GiB) do; the "thousands" pools of the small
 # geometries (0.1-0.3 GiB) keep their blocks for the next one (with an empty_cache after each, their checks took
 # ~14 ms against ~5 ms for a small pool: H200, run 79)

@@ -6,6 +6,8 @@ those of the same rows on a small pool, the other slots are zero, observe() re-d
 of copying the pool, and check_writes still sees a write to a slot no row uses (it compares only rows
 whose pages were mapped: observation.mapped_rows).  Then the planted bug: pool_offset_int32 reads the
 checkpoint with 32-bit element offsets, which only a row on a slot past 2^31 / (HV V K) exposes.
+Last, check_launch judges such a launch on its rows alone plus the slots no row uses
+(observation.observe_rows, checks.rows_outside): it must find what the whole-pool comparison finds.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ LAUNCH = Property(
     clauses="M1-M8",
     doc="outputs, appended k/u/g and the fold vs the float64 oracle; nothing outside the write set changes",
     check=checks.check_launch,
-    pool_scale=True,  # observe() draws a fill="rows" case's "before" anew instead of copying the pool
+    pool_scale=True,  # check_launch observes a fill="rows" case's rows alone (observe_rows): no copy of the pool
 )
 
 REGISTRY: dict[str, Property] = {p.name: p for p in (LAUNCH, *relations.PROPERTIES, *contract.PROPERTIES,
