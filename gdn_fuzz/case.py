@@ -704,11 +704,13 @@ def spread_rows(case: Case, small: dict) -> dict:
     """The inputs of the fill="rows" case `case` from those of compact(case) (`small`, left as it is): its pool and
     rings of case.pool slots, zero everywhere but the rows' slots, which hold small's rows (lazy_zeros: on the CPU,
     memory no one writes is never allocated), and its slot indices; every other entry is small's own."""
+    from gdn_fuzz import graphs  # lazily, as in _materialize_graph
+
     used = case.used_slots()
     inputs = dict(small)
     dev = small["initial_state_source"].device
     at = torch.tensor(used, dtype=torch.long, device=dev)
-    for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
+    for name in graphs.POOL_BUFFERS:
         t = small[name]
         big = lazy_zeros((case.pool, *t.shape[1:]), t.dtype, dev)
         big[at] = t[:len(used)]

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from gdn_fuzz.case import Case, compact, materialize, spread_rows
+from gdn_fuzz.graphs import POOL_BUFFERS  # the buffers indexed by pool slot (dim 0)
 from gdn_fuzz.targets import Target
 
 
 BUFFERS = ("initial_state_source", "k_cache", "u_cache", "g_cache", "hist_len", "cache_base")
-POOL_BUFFERS = BUFFERS[:4]  # indexed by pool slot (dim 0)
 
 
 READ_ONLY = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_indices")
