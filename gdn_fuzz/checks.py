@@ -25,8 +25,8 @@ from gdn_fuzz import fused_oracle, graphs
 from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import floor_of, from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
-from gdn_fuzz.observation import (POOL_BUFFERS, READ_ONLY, Observation, RowsLaunch, differ_bits, mapped_rows, observe,
-                                  observe_rows, same_bits)
+from gdn_fuzz.observation import (POOL_BUFFERS, READ_ONLY, Observation, RowsLaunch, bits, differ_bits, mapped_rows,
+                                  observe, observe_rows, same_bits)
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
 
@@ -448,18 +448,22 @@ def _changed_outside(b: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> to
     along which the mask is constant (size 1 or a broadcast view's stride 0) before the mask is applied.  On the
     pool-scale cases (pools of GiBs, bf16) the boolean intermediate is 1/4 of the elements, written once, read once."""
     m = mask.expand(b.shape)  # a view: stride 0 along every dim the mask broadcasts
-    words = m.dim() > 0 and m.stride(-1) == 0 and b.shape[-1] > 1
-    if words and b.is_contiguous() and a.is_contiguous() and (b.shape[-1] * b.element_size()) % 8 == 0 \
-            and b.data_ptr() % 8 == 0 and a.data_ptr() % 8 == 0:
-        d = b.view(torch.int64) != a.view(torch.int64)
-    else:
-        d = differ_bits(b, a)
+    wb, wa = (_words(b), _words(a)) if m.dim() > 0 and m.stride(-1) == 0 and b.shape[-1] > 1 else (None, None)
+    d = wb != wa if wb is not None and wa is not None else differ_bits(b, a)
     const = tuple(i for i in range(m.dim()) if m.stride(i) == 0 and d.shape[i] > 1)
     if const:
         d = d.any(dim=const, keepdim=True)
         for i in const:
             m = m.narrow(i, 0, 1)
     return torch.where(m, False, d).any()
+
+
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """t's bits as 8-byte words along its last dim (a word is nonzero, or differs, exactly when one of its elements'
+    bits does), or None where t is not contiguous or its last dim's bytes are not whole aligned words."""
+    if t.dim() and t.is_contiguous() and (t.shape[-1] * t.element_size()) % 8 == 0 and t.data_ptr() % 8 == 0:
+        return t.view(torch.int64)
+    return None
 
 
 def _bytes(tensors: list) -> torch.Tensor:
@@ -553,10 +557,8 @@ def set_rows(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(t.shape[0], math.prod(t.shape[1:]))
     if flat.shape[1] == 0:
         return torch.zeros(flat.shape[0], dtype=torch.bool, device=t.device)
-    if flat.is_contiguous() and (flat.shape[1] * flat.element_size()) % 8 == 0 and flat.data_ptr() % 8 == 0:
-        return (flat.view(torch.int64) != 0).any(dim=1)
-    return (flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]) != 0
-            ).any(dim=1)
+    w = _words(flat)
+    return ((bits(flat) if w is None else w) != 0).any(dim=1)
 
 
 def _set_outside(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

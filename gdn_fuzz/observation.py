@@ -106,16 +106,19 @@ def observe_rows(target: Target, case: Case, device: str = "cpu") -> RowsLaunch:
     return RowsLaunch(obs=obs, case=case, launched=inputs, used=used, indices=indices)
 
 
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bits as the integer dtype of its element size (contiguous), one integer per element."""
+    return x.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Elementwise bit equality (NaN == NaN when the payloads match)."""
-    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
-    return x.contiguous().view(itype) == y.contiguous().view(itype)
+    return bits(x) == bits(y)
 
 
 def differ_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """~same_bits(x, y) in one comparison: True where the bits differ."""
-    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
-    return x.contiguous().view(itype) != y.contiguous().view(itype)
+    return bits(x) != bits(y)
 
 
 
