@@ -91,7 +91,8 @@ def observe_rows(target: Target, case: Case, device: str = "cpu") -> RowsLaunch:
     still is after is checks.rows_outside's question."""
     small = compact(case)
     before = materialize(small, device)
-    inputs = spread_rows(case, clone_inputs(before))
+    # the launch's own copy of every input but the small pools, which spread_rows only reads
+    inputs = spread_rows(case, {**before, **clone_inputs({k: v for k, v in before.items() if k not in POOL_BUFFERS})})
     indices = inputs["initial_state_indices"].clone()
     try:
         out, err = target.launch(case.arm, **inputs), None
