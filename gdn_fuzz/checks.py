@@ -588,40 +588,35 @@ def check_rows(rl: RowsLaunch) -> Findings:
     oracle agreement and write set, as a small launch of the same rows: replayed from the CUDA graph of that shape)
     and rows_outside for the rest of the pool, in one transfer.  The evidence of a failing launch is that of the
     whole launch (RowsLaunch.full: "before" drawn again, the whole pool compared), as check_observed gives it."""
-    obs, case = rl.obs, rl.case
-    if obs.error is not None:
+    if rl.obs.error is not None:
         return check_observed(rl.full())
-    shapes, n_flags = verdict_shapes(obs)
-    flat = torch.cat([graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case)),
-                      rows_outside(rl).double()]).cpu().tolist()  # the one transfer
-    n_flags += len(POOL_BUFFERS) + 1
-    summary = read_summary(flat, shapes)
-    passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
-        sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())
-    if passed:
-        res = Findings([])
-    else:
-        full = rl.full()
-        e, _ = measure(full)
-        res = Findings(check_oracle(full, e, summary=summary) + check_writes(full))
-    res.metrics = row_metrics(summary)
-    return attach(res, launch_record(case))
+    return _judged(rl.obs, rl.case, rows_outside(rl), rl.full)
 
 
 def check_observed(obs: Observation) -> Findings:
     """check_launch's verdict on a launch already observed (observe(target, case, device) of obs.case)."""
-    case = obs.case
     if obs.error is not None:
-        return attach(Findings(check_oracle(obs)), launch_record(case))
+        return attach(Findings(check_oracle(obs)), launch_record(obs.case))
+    return _judged(obs, obs.case, None, lambda: obs)
+
+
+def _judged(obs: Observation, case: Case, more_flags: torch.Tensor | None, whole) -> Findings:
+    """The verdict of `obs` (graphs.run of verdict), with more write flags (a bool device tensor, or None) read in
+    the same transfer; a failing launch's evidence is computed on whole() (the launch as observe() sees it); the
+    findings carry case's launch record."""
     shapes, n_flags = verdict_shapes(obs)
-    flat = graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case)).cpu().tolist()  # the one transfer
+    got = graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case))
+    if more_flags is not None:
+        got, n_flags = torch.cat([got, more_flags.double()]), n_flags + more_flags.numel()
+    flat = got.cpu().tolist()  # the one transfer
     summary = read_summary(flat, shapes)
     passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
         sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())
     if passed:
         res = Findings([])
     else:  # the evidence, eagerly: check_oracle reads the flush rows, check_writes finds where a write landed
-        e, _ = measure(obs)
-        res = Findings(check_oracle(obs, e, summary=summary) + check_writes(obs))
+        full = whole()
+        e, _ = measure(full)
+        res = Findings(check_oracle(full, e, summary=summary) + check_writes(full))
     res.metrics = row_metrics(summary)
     return attach(res, launch_record(case))
