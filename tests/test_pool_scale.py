@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from gdn_fuzz.case import Case, Row, materialize, lazy_zeros
+from gdn_fuzz.case import Case, Row, compact, materialize, lazy_zeros
 from gdn_fuzz.checks import check_launch, check_observed, check_writes, rows_outside, set_rows
 from gdn_fuzz.engine.campaign import Campaign
 from gdn_fuzz.observation import Observation, mapped_rows, observe, observe_rows
@@ -47,6 +47,7 @@ def test_int32_slot_is_the_first_offset_past_2_31():
 
 
 def test_fill_rows_draws_the_rows_of_the_small_case_and_zeros_elsewhere():
+    assert compact(INT32) == _small(INT32)  # what materialize and check_launch draw a fill="rows" case's rows from
     big, small = materialize(INT32, "cpu"), materialize(_small(INT32), "cpu")
     for name in ("initial_state_source", "k_cache", "u_cache", "g_cache"):
         for i, slot in enumerate(INT32.used_slots()):
