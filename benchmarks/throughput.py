@@ -35,6 +35,9 @@ processes at once (crash isolation on, --torch-threads = cores / N each, seeds 0
 --seeds-per-example `--seeds-per-example`): checked
 launches in total, per process, warm-up, the ratio to the first process count's total and to the
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
+--fleet runs the command itself instead: one `gdn-fuzz run --processes N` (its fleet of N campaign
+processes and their one driver, `--mps` as given by --mps, default the command's own auto), read from the
+merged record's workers (with --record-dir: nN.json, and each worker's nN.<worker>.json beside it).
 
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
                  (Case.draws "graph" on a CUDA device: every value, by the draw program a CUDA
@@ -341,6 +344,37 @@ def run_campaign(args, target):
 ANCHOR_PER_30S = 50 * 30 / 28.7  # the kernel authors' suite on an H200: 50 checked launches in 28.7 s
 
 
+def _run_fleet(args, n: int, d: Path, threads: int, base) -> dict:
+    """--product --fleet: one `gdn-fuzz run --processes n` (the product command itself, its MPS decision
+    included), read from its merged record."""
+    import subprocess
+    import sys
+
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device, "--warm-up",
+           "--seconds", str(args.product), "--property", "launch", "--no-corpus", "--seed", "0", "--processes", str(n),
+           "--arms", *args.arms, "--T", *map(str, args.T), "--json", str(d / f"n{n}.json")]
+    cmd += (["--pool-scales", *args.pool_scales] if args.pool_scales else []) + (
+        ["--pipeline", args.pipeline] if args.pipeline else []) + (
+        ["--seeds-per-example", str(args.seeds_per_example)] if args.seeds_per_example else []) + (
+        ["--mps", args.mps] if args.mps else [])
+    with open(d / f"n{n}.log", "w") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    rec = json.loads((d / f"n{n}.json").read_text()) if (d / f"n{n}.json").is_file() else dict(workers=[])
+    ws = rec["workers"]
+    per30 = sum(w["launches"] * 30 / w["seconds"] for w in ws if w["seconds"])
+    run = dict(processes=n, fleet=True, mps=rec.get("mps"), torch_threads=threads, exit_codes=[code],
+               launches=sum(w["launches"] for w in ws), per_process=[w["launches"] for w in ws],
+               launches_per_30s=per30, warmup_s=[round(w["warmup_s"], 1) for w in ws],
+               ratio_to_first=per30 / base if base else 1.0, ratio_to_anchor=per30 / ANCHOR_PER_30S,
+               mps_left=[w["worker"] for w in ws if (w.get("mps") or {}).get("left")],
+               lost=len(rec.get("lost", [])), pipeline=[w.get("pipeline") for w in ws])
+    print(f"fleet of {n} (MPS {run['mps']}): {run['launches']} checked launches ({per30:.0f} per 30 s; per process "
+          f"{run['per_process']}), warm-up {run['warmup_s']} s; workers that left MPS {run['mps_left']}; exit {code}",
+          flush=True)
+    return run
+
+
 def run_product(args, target) -> dict:
     """--product: the product command in N processes at once, for each N of --processes."""
     import os
@@ -351,9 +385,16 @@ def run_product(args, target) -> dict:
     cores = os.cpu_count() or 1
     out = dict(meta=_meta(args, target), seconds=args.product, anchor_per_30s=ANCHOR_PER_30S, runs=[])
     base = None
+    runs = out["runs"]
     for n in args.processes:
         d = Path(args.record_dir) if args.record_dir else Path(tempfile.mkdtemp(prefix="gdn_fuzz_product_"))
         threads = max(1, cores // n)
+        if args.fleet:
+            runs.append(_run_fleet(args, n, d, threads, base))
+            base = runs[-1]["launches_per_30s"] if base is None else base
+            if args.json:
+                Path(args.json).write_text(json.dumps(out, indent=1))
+            continue
         cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
                  "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
                  "--seed", str(i), "--torch-threads", str(threads), "--processes", "1", "--arms", *args.arms, "--T", *map(str, args.T),
@@ -404,6 +445,9 @@ def main(argv=None):
     ap.add_argument("--campaign", type=float, metavar="SECONDS", help="campaign-throughput mode for SECONDS")
     ap.add_argument("--product", type=float, metavar="SECONDS", help="product-command mode: gdn-fuzz run for SECONDS")
     ap.add_argument("--processes", nargs="+", type=int, default=[1], help="product mode: process counts, one row each")
+    ap.add_argument("--fleet", action="store_true", help="product mode: run `gdn-fuzz run --processes N` itself (one "
+                    "fleet, its driver and MPS decision) instead of N separate single-process runs")
+    ap.add_argument("--mps", choices=("auto", "on", "off"), help="product mode with --fleet: `gdn-fuzz run --mps`")
     ap.add_argument("--pool-scales", nargs="+", help="product mode: `gdn-fuzz run --pool-scales` (default: the "
                     "command's own default)")
     ap.add_argument("--pipeline", help="product mode: `gdn-fuzz run --pipeline` (rounds at once per process; default: "

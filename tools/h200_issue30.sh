@@ -18,7 +18,8 @@
 # g32draws (materialize by the draw program replayed as a CUDA graph against draws=cuda, table and campaign),
 # g32pipe (the product command's runs, PIPE_RUNS; a tag "base..." runs the base tree), g32phases (one check's
 # phases in the worker, benchmarks/check_phases.py), g32mps (the product command without and with a private CUDA MPS
-# daemon, the host's CPU sampled).
+# daemon, the host's CPU sampled), g32fleet (the product command itself, its own --mps), g32fault (a faulting kernel
+# under --mps on and off).
 # The bundle (shared/gpu/make-offline-bundle.sh) holds 0.7.4 as `flashinfer` and 0.7.2.post1 under
 # site/releases/0.7.2.post1; suite72 puts that folder first on PYTHONPATH, so `production` is 0.7.2.post1
 # there, and GDN_FUZZ_RELEASES points at a folder naming the 0.7.4 tree, so production@0.7.4 runs too.
@@ -290,6 +291,44 @@ for step in "$@"; do
           cp -r $CUDA_MPS_LOG_DIRECTORY "$R/$name-mpslog" 2>/dev/null; rm -rf /tmp/gdn-mps
           unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         fi
+      done ;;
+    g32fleet)
+      # issue 32: the product command itself (`gdn-fuzz run --processes N`, one fleet: benchmarks/throughput.py
+      # --product --fleet), bf16, launch, default pool scales, with its own MPS decision (--mps MODE); the GPU's
+      # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..."
+      need_bundle
+      { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$step-env.txt" 2>&1
+      for run in ${FLEET_RUNS:-on:8 off:8}; do
+        IFS=: read -r mode np tag <<< "$run"; name="$step-$mode-n$np${tag:+-$tag}"
+        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
+        smi=$!
+        (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$name-cpu.txt" 2>&1 &
+        cpu=$!
+        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+          --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
+          --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        echo "$name rc=$?"; kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-240
+      done ;;
+    g32fault)
+      # issue 32: a kernel that faults (gpu_oob_full_window: an out-of-bounds access on a full window) under the
+      # product command with its MPS daemon (on) and without (off): the new findings, each worker's MPS story
+      # (when it left, the cases checked again in its own context), lost workers; FAULT_RUNS: "MODE ..."
+      need_bundle
+      for mode in ${FAULT_RUNS:-on off}; do
+        name="$step-$mode"
+        timeout 300 python3 -m gdn_fuzz.cli run --target mutant:gpu_oob_full_window --arms bf16 \
+          --seconds "${FAULT_S:-30}" --no-corpus --mps "$mode" --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        echo "$name rc=$?"
+        python3 - "$R/$name.json" <<'PY' 2>&1 | tee "$R/$name-summary.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("mps:", r.get("mps"), "| lost:", len(r.get("lost", [])), "| failed:", r.get("failed"))
+print("new:", sorted({f["signature"] for f in r["findings"]}))
+for w in r["workers"]:
+    m = w.get("mps") or {}
+    print(w["worker"], "launches", w["launches"], "unconfirmed", sorted(w.get("unconfirmed") or {}), "left", m.get("left"),
+          "rechecks", [(x["seen"], x["found"], x["s"]) for x in m.get("rechecks", [])])
+PY
       done ;;
     g32phases|g32phases_*)
       # issue 32: one check's time in the worker, phase by phase (benchmarks/check_phases.py: host time, then each

@@ -17,6 +17,7 @@ from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S, parse_pipeline
 from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, NARROW_COLUMNS, plan
+from gdn_fuzz.engine import mps
 from gdn_fuzz.engine.isolation import SetupError
 from gdn_fuzz.engine.multigpu import auto_processes, parse_processes, run_on_gpus, run_processes
 from gdn_fuzz.engine.raycluster import run_on_ray
@@ -47,6 +48,7 @@ def validate_run_args(args) -> None:
     try:
         parse_processes(getattr(args, "processes", "auto"))
         parse_pipeline(getattr(args, "pipeline", None))
+        mps.parse_mps(getattr(args, "mps", "auto"))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.restarts < 0:
@@ -106,7 +108,7 @@ def cmd_run(args) -> int:
     if args.gpus:
         try:
             return run_on_gpus(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console)
-        except ValueError as e:
+        except (ValueError, mps.MpsError) as e:
             console.print(f"[red]{e}[/red]")
             return EXIT_USAGE
     got = target_device_arms(args)
@@ -115,8 +117,12 @@ def cmd_run(args) -> int:
     target, device, arms = got
     n = parse_processes(getattr(args, "processes", "auto")) or auto_processes(device)
     if n > 1:  # several campaign processes on this device (gdn_fuzz.engine.multigpu); 1: this process runs it
-        return run_processes(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console,
-                             device=device, per_device=n)
+        try:
+            return run_processes(args, None if args.no_corpus else str(args.corpus or corpus.default_dir()), console,
+                                 device=device, per_device=n)
+        except mps.MpsError as e:  # --mps on where no daemon can be started
+            console.print(f"[red]{e}[/red]")
+            return EXIT_USAGE
     try:
         for a in arms:
             target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
@@ -370,6 +376,13 @@ def add_parser(sub) -> None:
                         "seed and cores / processes torch threads, one shared corpus, one summary; auto (default; "
                         "$GDN_FUZZ_PROCESSES sets another): 1 on a CPU device, on CUDA min(8, cores per GPU // 2) "
                         "(the campaign is bound by host CPU); 1 without --gpus: this process alone")
+    r.add_argument("--mps", default=os.environ.get(mps.MPS_ENV) or "auto", metavar="auto|on|off",
+                   help="several campaign processes on a GPU: their crash-isolation workers share one CUDA context "
+                        "through a private NVIDIA MPS daemon per GPU, started for the run and stopped after it (the "
+                        "GPU's settings untouched); a crash or hang seen under MPS is checked again in a process of its "
+                        "own context before it counts, and that worker leaves MPS.  auto (default; $GDN_FUZZ_MPS sets "
+                        "another): when nvidia-cuda-mps-control is on PATH and no MPS daemon of yours is configured; "
+                        "on: or stop with the reason; off: never")
     r.add_argument("--ray", metavar="auto|local|ADDRESS",
                    help="run the campaign on a Ray cluster (pip install 'gdn-fuzz[cluster]'): one worker actor per GPU "
                         "of the cluster (--processes N: N per GPU), CPU actors for a CPU device (--processes N in all; "

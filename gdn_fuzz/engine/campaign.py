@@ -315,6 +315,8 @@ class Campaign:
     # isolated: a spare worker process starts in the background for the fresh-process confirmation of a new failure
     # (Worker.spare); None: $GDN_FUZZ_SPARE_WORKER (spare_worker_default)
     spare_worker: bool | None = None
+    # isolated, on a GPU: the pipe folder of the run's MPS daemon (gdn_fuzz.engine.mps; Worker.mps_pipe); None: none
+    mps_pipe: str | None = None
     # rounds run at once, each Hypothesis run on its own thread (run()'s docstring); None: pipeline_default
     pipeline: int | None = None
     stats: CampaignStats = field(default_factory=CampaignStats)
@@ -368,7 +370,7 @@ class Campaign:
             spare = spare_worker_default(self.device) if self.spare_worker is None else bool(self.spare_worker)
             self._worker = Worker(self.target.name, self.device, inflight_dir=inflight, torch_threads=self.torch_threads,
                                   oracle_arms=self.arms, oracle_Ts=self.Ts,  # compile only the oracles it can draw
-                                  spare=spare)
+                                  spare=spare, mps_pipe=self.mps_pipe)
         elif self.torch_threads:
             import torch
 
@@ -384,6 +386,13 @@ class Campaign:
     def worker_startups(self) -> list[dict]:
         """Worker.startups of the isolated worker (every process it started), or [] without isolation."""
         return [] if self._worker is None else list(self._worker.startups)
+
+    def mps_summary(self) -> dict | None:
+        """The isolated worker's MPS story (None without a daemon): its pipe folder, when and why it left MPS, and
+        each case checked again in its own context (Worker.mps_left, Worker.mps_rechecks)."""
+        if self.mps_pipe is None or self._worker is None:
+            return None
+        return dict(pipe=self.mps_pipe, left=self._worker.mps_left, rechecks=list(self._worker.mps_rechecks))
 
     def confirmations(self) -> list[dict]:
         """Worker.confirmations of the isolated worker (every fresh-process check of a new failure), or []."""

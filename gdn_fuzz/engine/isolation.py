@@ -57,6 +57,7 @@ from gdn_fuzz.checks import OraclePrep
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.targets import get_target
+from gdn_fuzz.engine import mps
 
 _CTX = None
 CUDA_FATAL = ("illegal memory access", "an illegal instruction", "unspecified launch failure",
@@ -237,13 +238,17 @@ def _prep_failed(conn, prep) -> bool:
 
 
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
-                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T) -> None:
+                 torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T,
+                 mps_pipe: str | None = None) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
     send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal' | 'setup' (the oracle did not compile:
     the worker ends).  torch_threads: torch's intra-op threads in this worker (None: torch's default, every
     core); oracle_arms / oracle_Ts: the oracle compiles started at 'ready' on a thread (oracle_to_prepare,
-    checks.OraclePrep)."""
+    checks.OraclePrep); mps_pipe: the pipe folder of the run's MPS daemon (gdn_fuzz.engine.mps), set before anything
+    starts CUDA in this process (None: the environment as inherited)."""
     _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
+    if mps_pipe:
+        os.environ[mps.PIPE_ENV] = mps_pipe
     if torch_threads:
         import torch
 
@@ -364,6 +369,10 @@ class Worker:
     inflight_dir   where the in-flight case is written before each launch; None: a private
                    temporary directory, removed by close()
     spare          keep a fresh process starting for reproduces() (see confirmations)
+    mps_pipe       the pipe folder of the run's MPS daemon (gdn_fuzz.engine.mps): the worker's processes are its
+                   clients until a crash or a hang, after which this Worker leaves MPS for good and checks that
+                   case again in a process of its own CUDA context, whose result is the check's (check()); the
+                   spare and the confirmations never use it.  None: no MPS of gdn_fuzz's
 
     Measured: last_check_s, max_check_s, median_check_s (seconds from send to answer of the
     checks that answered, compiles included), last_rss_mb.  Counters: restarts (after a
@@ -374,8 +383,12 @@ class Worker:
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
                  max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T, spare: bool = False,
-                 recycle_amortize: float = RECYCLE_AMORTIZE):
+                 recycle_amortize: float = RECYCLE_AMORTIZE, mps_pipe: str | None = None):
         self.target_name, self.device, self.name = target_name, device, name
+        self.mps_pipe = mps_pipe or None
+        # when and why this Worker left MPS (None: it did not), and each check of a case again in its own context
+        self.mps_left: dict | None = None
+        self.mps_rechecks: list[dict] = []
         self.recycle_amortize = float(recycle_amortize)
         # spare: keep a second, fresh process starting in the background (from this one's 'ready' on), so that
         # reproduces() finds one ready instead of waiting for a process start (~5-13 s on the H200, run 63)
@@ -477,7 +490,8 @@ class Worker:
         ctx = _context()
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
-                                                      self.torch_threads, self.oracle_arms, self.oracle_Ts),
+                                                      self.torch_threads, self.oracle_arms, self.oracle_Ts,
+                                                      self.mps_pipe),
                            daemon=True)
         proc.start()
         child.close()
@@ -656,7 +670,33 @@ class Worker:
     def check(self, prop: str, case: Case) -> list[Finding]:
         """Run property `prop` on `case` in the worker; the findings (a crash, a hang and an
         allocation failure are findings too).  Raises SetupError when the environment cannot
-        run it (no device, a worker that cannot start, an in-flight file that cannot be written)."""
+        run it (no device, a worker that cannot start, an in-flight file that cannot be written).
+
+        Under MPS (mps_pipe) a crash or a hang may be another client's fault delivered to this one, and a worker
+        that cannot start may meet a server that refuses clients after such a fault: either way this Worker leaves
+        MPS for good and the case is checked again in a process of its own context, whose findings are returned."""
+        if self.mps_pipe is None:
+            return self._check_once(prop, case)
+        try:
+            found = self._check_once(prop, case)
+        except SetupError as e:  # a real setup error raises again without MPS
+            return self._off_mps(prop, case, f"setup: {_first_line(str(e), 200)}")
+        bad = sorted({f.outcome for f in found if f.prop in ("crash", "hang")})
+        return self._off_mps(prop, case, ", ".join(bad)) if bad else found
+
+    def _off_mps(self, prop: str, case: Case, seen: str) -> list[Finding]:
+        """Leave MPS (mps_pipe = None from now on; the live process, if any, is ended) and check the case again in
+        a process of its own CUDA context: its findings are the check's."""
+        self.mps_left = dict(after_checks=self.checks, seen=seen)
+        self.mps_pipe = None
+        self._stop(kill=True)
+        t0 = time.monotonic()
+        found = self._check_once(prop, case)
+        self.mps_rechecks.append(dict(seen=seen, s=round(time.monotonic() - t0, 3),
+                                      found=sorted({f.signature() for f in found})))
+        return found
+
+    def _check_once(self, prop: str, case: Case) -> list[Finding]:
         self.start()
         # the worker writes it before the launch and removes it when it answers (write_atomic): the
         # campaign process makes no file call per check, each of which gives the interpreter lock to a

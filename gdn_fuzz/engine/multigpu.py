@@ -26,6 +26,7 @@ crash-isolation worker dies with it (gdn_fuzz.engine.isolation).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ import threading
 from pathlib import Path
 
 from gdn_fuzz import environment
-from gdn_fuzz.engine import corpus
+from gdn_fuzz.engine import corpus, mps
 from gdn_fuzz.engine.exits import EXIT_TERMINATED
 from gdn_fuzz.engine.fleet import TERM_GRACE_S, Fleet, plan
 from gdn_fuzz.engine.isolation import parent_death_signal
@@ -88,7 +89,7 @@ HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "se
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
                                  "fail_on_known", "launch_timeout", "torch_threads", "draws", "gpus", "processes",
                                  "seeds_per_example", "pool_scales", "ray", "restarts", "shrink_grace", "pipeline",
-                                 "release"})  # release: GDN_FUZZ_RELEASE, set by cmd_run, reaches every worker's environment
+                                 "release", "mps"})  # release: GDN_FUZZ_RELEASE, set by cmd_run, reaches every worker's environment
 
 
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
@@ -226,10 +227,46 @@ class ProcessBackend:
             t.join(timeout=5)
 
 
+def start_daemons(mode: str, device: str, per_device: int, gpus: list[str] | None,
+                  control: str | None = None) -> tuple[dict, str]:
+    """--mps: the MPS daemons of a run ({gpu (None: the run's own device): started mps.Daemon}) and one line saying
+    what was decided and why.  mode 'on' raises mps.MpsError where auto would go without (the reason named)."""
+    if mode == "off":
+        return {}, "off (--mps off)"
+    why = mps.why_not(device, per_device, control=control)
+    if why is None:
+        daemons: dict = {}
+        try:
+            for g in (gpus or [None]):
+                daemons[g] = mps.Daemon(g, control=control).start()
+        except mps.MpsError as e:
+            for d in daemons.values():
+                d.stop()
+            why = str(e)
+        else:
+            return daemons, f"on: a private daemon per GPU ({len(daemons)}), stopped after the run"
+    if mode == "on":
+        raise mps.MpsError(f"--mps on: {why}")
+    return {}, f"not used: {why}"
+
+
 def run_processes(args, corpus_dir: str | None, console, *, device: str, per_device: int,
                   gpus: list[str] | None = None) -> int:
     """per_device workers on each GPU of gpus (CUDA_VISIBLE_DEVICES = that GPU), or on `device` itself when
-    gpus is None (the environment kept): one fleet (gdn_fuzz.engine.fleet), exit status as it says."""
+    gpus is None (the environment kept): one fleet (gdn_fuzz.engine.fleet), exit status as it says.  --mps: the
+    workers of one GPU share its MPS daemon (start_daemons), stopped when the fleet ends."""
+    daemons, mps_said = start_daemons(mps.parse_mps(getattr(args, "mps", "auto")), device, per_device, gpus)
+    try:
+        return _run_processes(args, corpus_dir, console, device=device, per_device=per_device, gpus=gpus,
+                              daemons=daemons, mps_said=mps_said)
+    finally:
+        for d in daemons.values():
+            d.stop()
+            if d.stopped_by == "killed":
+                console.print(f"the MPS daemon of GPU {d.gpu or device} did not quit: its processes were killed")
+
+
+def _run_processes(args, corpus_dir, console, *, device, per_device, gpus, daemons, mps_said) -> int:
     slots = [(g, k) for g in (gpus or [None]) for k in range(per_device)]
     where = "".join(c for c in str(device) if c.isalnum())
     labels = [f"gpu{g}.p{k}" if g is not None else f"{where}.p{k}" for g, k in slots]
@@ -243,12 +280,13 @@ def run_processes(args, corpus_dir: str | None, console, *, device: str, per_dev
     known = {} if corpus_dir is None else corpus.known_signatures(target_name, corpus_dir)
     specs = plan(args, target_name=target_name, device=device, labels=labels,
                  gpus=None if gpus is None else [g for g, _ in slots], torch_threads=threads, known=known)
+    specs = [dataclasses.replace(s, mps_pipe=daemons[s.gpu].pipe) if s.gpu in daemons else s for s in specs]
     on = f"GPUs {','.join(gpus)}" if gpus else f"device {device}"
     title = (f"gdn-fuzz run: {len(slots)} campaign processes ({per_device} per device) on {on} (seeds "
              f"{args.seed}..{args.seed + len(slots) - 1}, {threads} torch threads each; target {target_name}; "
-             f"{len(known)} known bug signature(s)), logs in {out_dir}")
+             f"{len(known)} known bug signature(s); MPS {mps_said}), logs in {out_dir}")
     fleet = Fleet(ProcessBackend(out_dir, stem), specs, target_name=target_name, corpus_dir=corpus_dir,
                   console=console, json_path=args.json, record_path=getattr(args, "record", None), known=known,
                   restarts=getattr(args, "restarts", 3), fail_on_known=getattr(args, "fail_on_known", False),
-                  title=title, info=dict(gpus=gpus, device=device, processes_per_device=per_device))
+                  title=title, info=dict(gpus=gpus, device=device, processes_per_device=per_device, mps=mps_said))
     return fleet.run()

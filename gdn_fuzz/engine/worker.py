@@ -95,6 +95,7 @@ class WorkerSpec:
     attempt: int = 0  # 0; k after k restarts of this slot
     recheck: tuple = ()  # ({"prop", "case", "lost"}, ...): the in-flight case of a lost predecessor
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES the process backend gives it (None: inherited / Ray's)
+    mps_pipe: str | None = None  # the pipe folder of its GPU's MPS daemon (gdn_fuzz.engine.mps; None: none)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -131,7 +132,7 @@ def make_campaign(spec: WorkerSpec, target, *, corpus_dir=None, record=None) -> 
                     record_path=record, known=dict(spec.known), launch_timeout_s=spec.launch_timeout,
                     torch_threads=spec.torch_threads, draws=resolve_draws(spec.draws, spec.device),
                     seeds_per_example=spec.seeds_per_example, pool_scales=pool_scales,
-                    shrink_grace_s=spec.shrink_grace, pipeline=spec.pipeline)
+                    shrink_grace_s=spec.shrink_grace, pipeline=spec.pipeline, mps_pipe=spec.mps_pipe)
     return camp, note
 
 
@@ -154,7 +155,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, graphs=camp.graph_counts(),
-                worker_startups=camp.worker_startups(), confirmations=camp.confirmations(),
+                worker_startups=camp.worker_startups(), confirmations=camp.confirmations(), mps=camp.mps_summary(),
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,
                 seconds=s.elapsed, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 versions=run_versions(),

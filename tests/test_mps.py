@@ -1,0 +1,315 @@
+"""--mps: a private MPS daemon per GPU for a fleet's workers, and crash isolation that stays true under it
+(gdn_fuzz.engine.mps, gdn_fuzz.engine.isolation.Worker.check).
+
+Under MPS a fatal fault of one client reaches every client.  On this CPU machine that is played by a target that
+kills its process whenever the worker is an MPS client (tests/targets/segv_under_mps.py: the case is innocent), and
+by the catalogued `worker_crash` mutant (a crash of the case's own).  The daemon's life is played by a stand-in
+nvidia-cuda-mps-control written here, which does what the real one's interface promises: `-d` leaves a daemon
+running with the caller's environment, `quit` on stdin ends it.  The real daemon and a real GPU fault run in
+tests/test_mps.py's GPU test (docs/h200-results.md names the run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gdn_fuzz.case import Case, Row
+from gdn_fuzz.engine import mps
+from gdn_fuzz.engine.isolation import Worker
+from gdn_fuzz.engine.multigpu import start_daemons
+
+SEGV_UNDER_MPS = str(Path(__file__).parent / "targets" / "segv_under_mps.py")
+OK = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
+FULL = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 16, 5),), seed=1)  # worker_crash's own crash
+
+
+def fake_control(tmp_path: Path, *, ignore_quit: bool = False, fail: str | None = None, where: str = "bin") -> str:
+    """A stand-in nvidia-cuda-mps-control (in tmp_path / where): -d starts a detached process named like an MPS one,
+    with the caller's environment (its pipe folder in it), and makes the pipe's `control`; `quit` ends it (unless
+    ignore_quit); fail: -d says this and exits 1."""
+    path = tmp_path / where / "nvidia-cuda-mps-control"
+    path.parent.mkdir(exist_ok=True)
+    quit_cmd = "" if ignore_quit else 'kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/fake.pid")"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"'
+    start = (f'echo "{fail}" >&2; exit 1' if fail else
+             '(exec -a nvidia-cuda-mps-server sleep 600) > /dev/null 2>&1 < /dev/null &\n'
+             '  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/fake.pid"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0')
+    path.write_text(f"""#!/bin/bash
+if [ "$1" = -d ]; then
+  {start}
+fi
+read cmd
+if [ "$cmd" = quit ]; then {quit_cmd or ':'}; fi
+""")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Has process `pid` ended (no /proc entry, or a zombie not yet reaped) within wait_s?"""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def seen_pipe(target, case, device) -> dict:
+    """A measurement (Worker.measure): the MPS pipe folder the worker process would connect to."""
+    return dict(pipe=os.environ.get(mps.PIPE_ENV))
+
+
+def crash_under_mps(target, case, device) -> dict:
+    """A measurement that dies whenever its process is an MPS client (a fault another client caused)."""
+    if os.environ.get(mps.PIPE_ENV):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return dict(pipe=os.environ.get(mps.PIPE_ENV))
+
+
+@pytest.fixture(autouse=True)
+def _no_mps_of_the_user(monkeypatch):
+    monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+
+
+def test_parse_mps_names_the_option_and_the_fix():
+    assert [mps.parse_mps(x) for x in ("auto", "ON", " off ", None)] == ["auto", "on", "off", "auto"]
+    with pytest.raises(ValueError, match=r"--mps='yes'.*auto, on or off"):
+        mps.parse_mps("yes")
+
+
+def test_why_not(tmp_path, monkeypatch):
+    control = fake_control(tmp_path)
+    assert mps.why_not("cuda", 8, env={}, control=control) is None
+    assert "not a GPU" in mps.why_not("cpu", 8, env={}, control=control)
+    assert "one campaign process per GPU" in mps.why_not("cuda:0", 1, env={}, control=control)
+    assert "is set (/x)" in mps.why_not("cuda", 8, env={mps.PIPE_ENV: "/x"}, control=control)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert "not on PATH" in mps.why_not("cuda", 8, env={})
+
+
+def test_a_daemon_is_started_and_ended(tmp_path):
+    d = mps.Daemon(control=fake_control(tmp_path)).start()
+    root = d.root
+    try:
+        (pid,) = d.pids()
+        assert (Path(d.pipe) / "control").exists() and Path(d.pipe).parent == root
+    finally:
+        d.stop()
+    assert d.stopped_by == "quit" and not root.exists() and gone(pid)
+
+
+def test_a_daemon_that_ignores_quit_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(mps, "QUIT_TIMEOUT_S", 1.0)
+    d = mps.Daemon(control=fake_control(tmp_path, ignore_quit=True)).start()
+    (pid,) = d.pids()
+    root = d.root
+    d.stop()
+    assert d.stopped_by == "killed" and d.root is None and not root.exists() and gone(pid)
+
+
+def test_a_daemon_that_cannot_start_names_why_and_leaves_nothing(tmp_path):
+    d = mps.Daemon(control=fake_control(tmp_path, fail="An instance of this daemon is already running"))
+    before = set(Path(tempfile.gettempdir()).glob("gdn_fuzz_mps-*"))
+    with pytest.raises(mps.MpsError, match=r"exited with status 1 \(An instance of this daemon is already running\); "
+                                           r"run with --mps off"):
+        d.start()
+    assert d.root is None and set(Path(tempfile.gettempdir()).glob("gdn_fuzz_mps-*")) == before
+
+
+def test_start_daemons_decides_per_mode(tmp_path):
+    control = fake_control(tmp_path)
+    assert start_daemons("off", "cuda", 8, None, control=control) == ({}, "off (--mps off)")
+    assert start_daemons("auto", "cpu", 8, None, control=control) == ({}, "not used: the device is cpu, not a GPU")
+    with pytest.raises(mps.MpsError, match="--mps on: the device is cpu, not a GPU"):
+        start_daemons("on", "cpu", 8, None, control=control)
+    daemons, said = start_daemons("auto", "cuda", 8, ["0", "1"], control=control)
+    try:
+        assert said.startswith("on: a private daemon per GPU (2)") and set(daemons) == {"0", "1"}
+        assert daemons["0"].pipe != daemons["1"].pipe and all(len(d.pids()) == 1 for d in daemons.values())
+    finally:
+        for d in daemons.values():
+            d.stop()
+    bad = fake_control(tmp_path, fail="no GPU", where="bad")
+    assert start_daemons("auto", "cuda", 8, None, control=bad)[1].startswith("not used: ")
+    with pytest.raises(mps.MpsError, match="--mps on: .*no GPU"):
+        start_daemons("on", "cuda", 8, None, control=bad)
+
+
+def test_the_worker_is_a_client_of_its_daemon_and_its_confirmations_are_not(tmp_path):
+    pipe = str(tmp_path / "pipe")
+    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe, spare=True)
+    try:
+        assert w.measure(seen_pipe, OK).metrics == dict(pipe=pipe)
+        spare = w._spare
+        assert spare is not None and spare.mps_pipe is None
+        assert spare.measure(seen_pipe, OK).metrics == dict(pipe=None)
+        assert w.mps_left is None and w.mps_rechecks == []
+    finally:
+        w.close()
+
+
+def test_a_fault_seen_under_mps_is_checked_again_in_its_own_context(tmp_path):
+    """The delivered fault: the check's answer is the own-context process's (no finding), and the Worker leaves
+    MPS for good."""
+    pipe = str(tmp_path / "pipe")
+    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe)
+    try:
+        got = w.measure(crash_under_mps, OK)
+        assert list(got) == [] and got.metrics == dict(pipe=None)
+        assert w.mps_pipe is None and w.mps_left == dict(after_checks=0, seen="crash: killed by signal SIGSEGV")
+        (again,) = w.mps_rechecks
+        assert again["seen"] == "crash: killed by signal SIGSEGV" and again["found"] == []
+        assert w.measure(seen_pipe, OK).metrics == dict(pipe=None)  # every later process: its own context
+        assert not w.inflight_path.exists()  # the case was answered
+    finally:
+        w.close()
+
+
+def test_a_crash_of_the_case_own_is_still_found_under_mps(tmp_path):
+    """worker_crash kills its process on a full window with or without MPS: the own-context check repeats it, and
+    that finding (the same as without MPS) is the answer, with the case saved at the Worker's own in-flight path."""
+    with Worker("mutant:worker_crash", "cpu", inflight_dir=tmp_path / "a", name="t") as plain:
+        want = [f.signature() for f in plain.check("launch", FULL)]
+    w = Worker("mutant:worker_crash", "cpu", inflight_dir=tmp_path / "b", name="t", mps_pipe=str(tmp_path / "pipe"))
+    try:
+        assert w.check("launch", OK) == [] and w.mps_pipe is not None
+        got = w.check("launch", FULL)
+        assert [f.signature() for f in got] == want == ["crash [R*] crash: killed by signal SIGSEGV"]
+        assert str(w.inflight_path) in got[0].message and w.inflight_path.exists()
+        assert w.mps_left["after_checks"] == 1 and w.mps_rechecks[0]["found"] == want
+    finally:
+        w.close()
+
+
+def test_a_campaign_under_mps_cries_no_wolf_and_still_finds_its_own_crash(tmp_path):
+    """The campaign path: every launch of segv_under_mps dies while its worker is an MPS client, so the first check
+    sees a crash; the campaign files nothing, and keeps no unconfirmed signature that would hide a real crash of the
+    same words later.  Under the same pipe, worker_crash's own crash is found, confirmed and shrunk as without MPS."""
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    def campaign(target, seed):
+        return Campaign(target=get_target(target), device="cpu", properties=[get_property("launch")], arms=("bf16",),
+                        Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=seed, round_examples=40, isolate=True,
+                        corpus_dir=tmp_path / target.replace("/", "_").replace(":", "_"), stop_on_finding=True,
+                        mps_pipe=str(tmp_path / "pipe"))
+
+    c = campaign(SEGV_UNDER_MPS, 3)
+    c.run(examples=30)
+    assert c.findings == {} and c.unconfirmed == {} and c.stats.examples == 30
+    s = c.mps_summary()
+    assert s["left"]["seen"] == "crash: killed by signal SIGSEGV" and [r["found"] for r in s["rechecks"]] == [[]]
+
+    c = campaign("mutant:worker_crash", 3)
+    c.run(examples=400)
+    (f,) = c.findings.values()
+    assert f.signature == "crash [R*] crash: killed by signal SIGSEGV" and not c.unconfirmed
+    assert len([r for r in f.case.rows if not r.pad and r.hist_len == 16]) == 1
+    assert c.mps_summary()["left"] is not None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the stand-in daemon is a bash script using /proc")
+def test_a_fleet_starts_and_stops_its_daemon(tmp_path, monkeypatch):
+    """`gdn-fuzz run --processes 2 --mps on` with the stand-in on PATH: the daemon runs while the fleet does, each
+    worker's record names its pipe, and nothing of it is left after the run.  The device is the CPU, which the
+    decision refuses; so this drives start_daemons' result through the fleet by a device name check patched to CUDA's
+    (only why_not's device test: the workers still run on the CPU)."""
+    control = fake_control(tmp_path)
+    monkeypatch.setenv("PATH", f"{Path(control).parent}:{os.environ['PATH']}")
+    real = mps.why_not
+    monkeypatch.setattr(mps, "why_not", lambda device, per_device, env=None, control=None:
+                        real("cuda", per_device, env=env, control=control))
+    from gdn_fuzz import cli
+
+    out = tmp_path / "run.json"
+    code = cli.main(["run", "--target", "reference", "--device", "cpu", "--processes", "2", "--mps", "on",
+                     "--examples", "6", "--arms", "bf16", "--T", "4", "--property", "launch", "--no-corpus",
+                     "--json", str(out)])
+    import json
+
+    rec = json.loads(out.read_text())
+    assert code == 0 and rec["mps"].startswith("on: a private daemon per GPU (1)")
+    pipes = {w["mps"]["pipe"] for w in rec["workers"]}
+    assert len(pipes) == 1 and all(w["mps"]["left"] is None for w in rec["workers"])
+    assert not Path(pipes.pop()).exists()
+
+
+def _gpu_reason() -> str | None:
+    import shutil
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU: the real MPS daemon and a real GPU fault (the CPU tests above play both)"
+    if shutil.which(mps.CONTROL) is None:
+        return f"needs {mps.CONTROL} on PATH (the NVIDIA driver's compute utilities)"
+    if mps.why_not("cuda", 2) is not None:
+        return f"an MPS daemon of the machine's own is configured: {mps.why_not('cuda', 2)}"
+    from gdn_fuzz.targets import get_target
+
+    why = get_target("production").unavailable_reason("cuda")
+    return None if why is None else f"the production kernel cannot launch here: {why}"
+
+
+def test_a_real_fault_under_a_real_daemon(tmp_path):
+    """On a GPU: two workers share a private daemon; while B checks innocent cases, A launches gpu_oob_full_window on
+    a full window (an out-of-bounds access, a sticky fault that MPS delivers to every client).  A's answer is its own
+    crash, in the words a process of its own context gives; none of B's answers is a finding; a worker started
+    after the fault still answers truly; the daemon ends when asked."""
+    import threading
+
+    why = _gpu_reason()
+    if why is not None:
+        pytest.skip(why)
+    target = "mutant:gpu_oob_full_window"
+    ok = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, rows=(Row(1, 3, 0), Row(2, 9, 4)), seed=s) for s in range(400)]
+    full = Case(arm="bf16", T=4, H=2, HV=4, pool=4, rows=(Row(0, 16, 5),), seed=1)
+    with Worker(target, "cuda", inflight_dir=tmp_path / "own", name="own") as own:
+        want = [f.signature() for f in own.check("launch", full)]
+    assert want == ["crash [R*] crash: fatal CUDA error: illegal memory access"], want
+    d = mps.Daemon().start()
+    a = Worker(target, "cuda", inflight_dir=tmp_path / "a", name="a", mps_pipe=d.pipe)
+    b = Worker(target, "cuda", inflight_dir=tmp_path / "b", name="b", mps_pipe=d.pipe)
+    late = Worker(target, "cuda", inflight_dir=tmp_path / "c", name="late", mps_pipe=d.pipe)
+    try:
+        assert a.check("launch", ok[0]) == [] and b.check("launch", ok[1]) == []
+        assert a.mps_pipe == b.mps_pipe == d.pipe and len(d.pids()) >= 2  # the control daemon and its server
+        answers, stop = [], threading.Event()
+
+        def innocent():
+            for case in ok[2:]:
+                if stop.is_set():
+                    return
+                answers.append([f.signature() for f in b.check("launch", case)])
+
+        t = threading.Thread(target=innocent)
+        t.start()
+        time.sleep(1.0)
+        got = [f.signature() for f in a.check("launch", full)]
+        time.sleep(2.0)
+        stop.set()
+        t.join(timeout=300)
+        print(f"A: {got}, left {a.mps_left}, rechecks {a.mps_rechecks}")
+        print(f"B: {len(answers)} answers, left {b.mps_left}, rechecks {b.mps_rechecks}")
+        assert got == want and a.mps_left is not None
+        assert answers and all(x == [] for x in answers)
+        assert late.check("launch", ok[-1]) == []
+        print(f"late: left {late.mps_left}, rechecks {late.mps_rechecks}")
+    finally:
+        for w in (a, b, late):
+            w.close()
+        d.stop()
+    print(f"daemon stopped by {d.stopped_by}")
+    assert d.stopped_by in ("quit", "killed") and d.root is None
