@@ -87,6 +87,19 @@ def test_parse_mps_names_the_option_and_the_fix():
         mps.parse_mps("yes")
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--mps", "yes"], "--mps='yes' (or $GDN_FUZZ_MPS): give auto, on or off"),
+    (["--mps", "on", "--ray", "auto"], "--mps on with --ray auto"),
+    (["--mps", "on", "--processes", "2"], "--mps on: the device is cpu, not a GPU"),
+])
+def test_bad_mps_is_a_usage_error(argv, words, capsys):
+    from gdn_fuzz.cli import main
+
+    assert main(["run", "--device", "cpu", "--target", "reference", "--examples", "1", "--no-corpus", *argv]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert words in out, out
+
+
 def test_why_not(tmp_path, monkeypatch):
     control = fake_control(tmp_path)
     assert mps.why_not("cuda", 8, env={}, control=control) is None

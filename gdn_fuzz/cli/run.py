@@ -56,6 +56,9 @@ def validate_run_args(args) -> None:
     if args.ray is not None and args.gpus:
         raise UsageError(f"--ray {args.ray} with --gpus {args.gpus}: choose one (Ray places one worker per GPU of the "
                          "cluster itself; --gpus is this host's GPUs without Ray)")
+    if args.ray is not None and mps.parse_mps(getattr(args, "mps", "auto")) == "on":
+        raise UsageError(f"--mps on with --ray {args.ray}: the MPS daemon is started for campaign processes of this "
+                         "host (--processes N, --gpus), not for Ray's actors; drop --mps on or --ray")
     if args.ray is not None and not args.ray.strip():
         raise UsageError("--ray '': give auto (the running cluster), local (a new one on this host) or an address "
                          "(HOST:PORT or ray://HOST:10001)")
