@@ -326,3 +326,16 @@ def test_a_real_fault_under_a_real_daemon(tmp_path):
         d.stop()
     print(f"daemon stopped by {d.stopped_by}")
     assert d.stopped_by in ("quit", "killed") and d.root is None
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: Triton Error [CUDA]: the MPS client has been terminated by the server.",
+    "RuntimeError: Triton Error [CUDA]: the MPS server is not ready to accept new MPS client requests.",
+])
+def test_the_mps_errors_are_fatal_in_any_librarys_words(text):
+    """cudaErrorMpsClientTerminated (810) and cudaErrorMpsServerNotReady (807) leave a process that must be
+    relaunched: fatal, so that under MPS they are checked again in a process of its own context, never a 'launch'
+    finding of the case (Triton's words carry no 'CUDA error')."""
+    from gdn_fuzz.engine.isolation import classify
+
+    assert classify(text) == "fatal"

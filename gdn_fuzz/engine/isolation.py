@@ -60,8 +60,10 @@ from gdn_fuzz.targets import get_target
 from gdn_fuzz.engine import mps
 
 _CTX = None
+# (the MPS ones, cudaErrorMps*: "the MPS client has been terminated by the server ... the process must be terminated
+# and relaunched", "the MPS server is not ready ...", whichever library's words carry them: gdn_fuzz.engine.mps)
 CUDA_FATAL = ("illegal memory access", "an illegal instruction", "unspecified launch failure",
-              "misaligned address", "CUDA error", "cudaError", "CUDA_ERROR")
+              "misaligned address", "CUDA error", "cudaError", "CUDA_ERROR", "MPS client", "MPS server")
 # an allocation failed: the machine, not the kernel (compared case-insensitively)
 OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allocate memory", "DefaultCPUAllocator")
 # the device is missing or unusable: a setup problem, the run cannot go on (exit 2)
