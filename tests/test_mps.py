@@ -288,8 +288,11 @@ def test_a_real_fault_under_a_real_daemon(tmp_path):
         pytest.skip(why)
     target = "mutant:gpu_oob_full_window"
     # (H, HV) = (1, 2): a geometry of the campaign's GPU menu (strategies.GPU_GEOMETRIES)
-    ok = [Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(1, 3, 0), Row(2, 9, 4)), seed=s) for s in range(400)]
-    full = Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(0, 16, 5),), seed=1)
+    # four rows (a bucket of the campaign's), one a pad row, as tests/test_contract_properties.py's PARAMS_CASE
+    ok = [Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(2, 13, 25), Row(0, 5, 20), Row(-1), Row(1, 0, 31)),
+               seed=s) for s in range(400)]
+    full = Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(2, 16, 25), Row(0, 5, 20), Row(-1), Row(1, 0, 31)),
+                seed=1)
     with Worker(target, "cuda", inflight_dir=tmp_path / "own", name="own") as own:  # each case in its own context
         assert own.check("launch", ok[0]) == [] and own.check("launch", ok[-1]) == []
         want = [f.signature() for f in own.check("launch", full)]
