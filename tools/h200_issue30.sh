@@ -298,8 +298,10 @@ for step in "$@"; do
       # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..."
       need_bundle
       { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$step-env.txt" 2>&1
+      i=0
       for run in ${FLEET_RUNS:-on:8 off:8}; do
-        IFS=: read -r mode np tag <<< "$run"; name="$step-$mode-n$np${tag:+-$tag}"
+        # the run's index in the name: repeated runs of one mode keep their own records (run 87 lost two to this)
+        i=$((i + 1)); IFS=: read -r mode np tag <<< "$run"; name="$step-$i-$mode-n$np${tag:+-$tag}"
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
         (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$name-cpu.txt" 2>&1 &
