@@ -91,6 +91,7 @@ def test_parse_mps_names_the_option_and_the_fix():
     (["--mps", "yes"], "--mps='yes' (or $GDN_FUZZ_MPS): give auto, on or off"),
     (["--mps", "on", "--ray", "auto"], "--mps on with --ray auto"),
     (["--mps", "on", "--processes", "2"], "--mps on: the device is cpu, not a GPU"),
+    (["--mps", "on", "--processes", "1"], "--mps on: the device is cpu, not a GPU; run --processes N (N > 1)"),
 ])
 def test_bad_mps_is_a_usage_error(argv, words, capsys):
     from gdn_fuzz.cli import main

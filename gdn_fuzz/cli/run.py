@@ -126,6 +126,9 @@ def cmd_run(args) -> int:
         except mps.MpsError as e:  # --mps on where no daemon can be started
             console.print(f"[red]{e}[/red]")
             return EXIT_USAGE
+    if mps.parse_mps(getattr(args, "mps", "auto")) == "on":  # one process: nothing to share, no daemon
+        console.print(f"[red]--mps on: {mps.why_not(device, 1)}; run --processes N (N > 1) or drop --mps on[/red]")
+        return EXIT_USAGE
     try:
         for a in arms:
             target.module(a)  # import every arm up front: a module that does not fit fails here, clearly
