@@ -172,17 +172,24 @@ def test_the_worker_is_a_client_of_its_daemon_and_its_confirmations_are_not(tmp_
         w.close()
 
 
-def test_a_fault_seen_under_mps_is_checked_again_in_its_own_context(tmp_path):
+@pytest.mark.parametrize("spare", [False, True])
+def test_a_fault_seen_under_mps_is_checked_again_in_its_own_context(tmp_path, spare):
     """The delivered fault: the check's answer is the own-context process's (no finding), and the Worker leaves
-    MPS for good."""
+    MPS for good.  With a spare, the spare's process (started without MPS) checks it and becomes the Worker's own,
+    and a new spare starts."""
     pipe = str(tmp_path / "pipe")
-    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe)
+    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe, spare=spare)
     try:
+        w.start()
+        before = None if w._spare is None else w._spare.pid
         got = w.measure(crash_under_mps, OK)
         assert list(got) == [] and got.metrics == dict(pipe=None)
         assert w.mps_pipe is None and w.mps_left == dict(after_checks=0, seen="crash: killed by signal SIGSEGV")
         (again,) = w.mps_rechecks
-        assert again["seen"] == "crash: killed by signal SIGSEGV" and again["found"] == []
+        assert again["seen"] == "crash: killed by signal SIGSEGV" and again["found"] == [] and again["spare"] is spare
+        if spare:
+            assert w.pid == before and w._spare is not None and w._spare.pid not in (None, before)
+            assert w._spare.mps_pipe is None
         assert w.measure(seen_pipe, OK).metrics == dict(pipe=None)  # every later process: its own context
         assert not w.inflight_path.exists()  # the case was answered
     finally:
@@ -205,7 +212,8 @@ def test_a_crash_of_the_case_own_is_still_found_under_mps(tmp_path):
         w.close()
 
 
-def test_a_campaign_under_mps_cries_no_wolf_and_still_finds_its_own_crash(tmp_path):
+@pytest.mark.parametrize("spare", [False, True])
+def test_a_campaign_under_mps_cries_no_wolf_and_still_finds_its_own_crash(tmp_path, spare):
     """The campaign path: every launch of segv_under_mps dies while its worker is an MPS client, so the first check
     sees a crash; the campaign files nothing, and keeps no unconfirmed signature that would hide a real crash of the
     same words later.  Under the same pipe, worker_crash's own crash is found, confirmed and shrunk as without MPS."""
@@ -218,13 +226,14 @@ def test_a_campaign_under_mps_cries_no_wolf_and_still_finds_its_own_crash(tmp_pa
         return Campaign(target=get_target(target), device="cpu", properties=[get_property("launch")], arms=("bf16",),
                         Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=seed, round_examples=40, isolate=True,
                         corpus_dir=tmp_path / target.replace("/", "_").replace(":", "_"), stop_on_finding=True,
-                        mps_pipe=str(tmp_path / "pipe"))
+                        mps_pipe=str(tmp_path / "pipe"), spare_worker=spare)
 
     c = campaign(SEGV_UNDER_MPS, 3)
     c.run(examples=30)
     assert c.findings == {} and c.unconfirmed == {} and c.stats.examples == 30
     s = c.mps_summary()
     assert s["left"]["seen"] == "crash: killed by signal SIGSEGV" and [r["found"] for r in s["rechecks"]] == [[]]
+    assert [r["spare"] for r in s["rechecks"]] == [spare]
 
     c = campaign("mutant:worker_crash", 3)
     c.run(examples=400)
