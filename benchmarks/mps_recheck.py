@@ -3,10 +3,11 @@ checked again in a process of the worker's own context (Worker.mps_rechecks[...]
 adopted for it and without a spare (a new process started), issue 32.
 
 Run 87 (H100) measured 4.2-6.1 s per such check in a new process, eight of them after one fault (one per worker).
-On a machine without a GPU the fault is played by a stand-in measurement that kills its process whenever the
-process is an MPS client (the pipe folder set), through the real Worker.measure path; on a GPU the same stand-in runs
-with --device cuda (the worker's process starts CUDA for the oracle's compile; no MPS daemon is needed: the pipe
-folder is only an environment variable here).
+The fault is played by a stand-in measurement that kills its process whenever the process is an MPS client (the
+pipe folder set; no daemon is needed), through the real Worker.measure path.  The stand-in waits for no oracle, so
+on a GPU this misses the part of a process's first real check that the spare saves (its CUDA start and the oracle's
+compile): measure that with `tools/h200_issue30.sh g32fault`, whose summary prints each check again with its seconds
+and whether the spare took it.
 
     python benchmarks/mps_recheck.py [--n 5] [--target reference] [--device cpu] [--json out.json]
 """

@@ -329,7 +329,7 @@ print("new:", sorted({f["signature"] for f in r["findings"]}))
 for w in r["workers"]:
     m = w.get("mps") or {}
     print(w["worker"], "launches", w["launches"], "unconfirmed", sorted(w.get("unconfirmed") or {}), "left", m.get("left"),
-          "rechecks", [(x["seen"], x["found"], x["s"]) for x in m.get("rechecks", [])])
+          "rechecks", [(x["seen"], x["found"], x["s"], x.get("spare")) for x in m.get("rechecks", [])])
 PY
       done ;;
     g32phases|g32phases_*)
