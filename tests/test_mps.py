@@ -77,8 +77,10 @@ def crash_under_mps(target, case, device) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _no_mps_of_the_user(monkeypatch):
+def _no_mps_of_the_user(monkeypatch, tmp_path):
+    """Neither this machine's MPS settings nor its own daemon (a GPU runner may have one at /tmp/nvidia-mps)."""
     monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+    monkeypatch.setattr(mps, "DEFAULT_PIPE", str(tmp_path / "default-pipe"))
 
 
 def test_parse_mps_names_the_option_and_the_fix():
@@ -107,6 +109,10 @@ def test_why_not(tmp_path, monkeypatch):
     assert "not a GPU" in mps.why_not("cpu", 8, env={}, control=control)
     assert "one campaign process per GPU" in mps.why_not("cuda:0", 1, env={}, control=control)
     assert "is set (/x)" in mps.why_not("cuda", 8, env={mps.PIPE_ENV: "/x"}, control=control)
+    Path(mps.DEFAULT_PIPE).mkdir()
+    (Path(mps.DEFAULT_PIPE) / "control").touch()
+    assert f"already listens at {mps.DEFAULT_PIPE}" in mps.why_not("cuda", 8, env={}, control=control)
+    (Path(mps.DEFAULT_PIPE) / "control").unlink()
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert "not on PATH" in mps.why_not("cuda", 8, env={})
 
@@ -131,13 +137,14 @@ def test_a_daemon_that_ignores_quit_is_killed(tmp_path, monkeypatch):
     assert d.stopped_by == "killed" and d.root is None and not root.exists() and gone(pid)
 
 
-def test_a_daemon_that_cannot_start_names_why_and_leaves_nothing(tmp_path):
+def test_a_daemon_that_cannot_start_names_why_and_leaves_nothing(tmp_path, monkeypatch):
     d = mps.Daemon(control=fake_control(tmp_path, fail="An instance of this daemon is already running"))
-    before = set(Path(tempfile.gettempdir()).glob("gdn_fuzz_mps-*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this test's alone (xdist runs others beside it)
+    (tmp_path / "tmp").mkdir()
     with pytest.raises(mps.MpsError, match=r"exited with status 1 \(An instance of this daemon is already running\); "
                                            r"run with --mps off"):
         d.start()
-    assert d.root is None and set(Path(tempfile.gettempdir()).glob("gdn_fuzz_mps-*")) == before
+    assert d.root is None and list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_start_daemons_decides_per_mode(tmp_path):
