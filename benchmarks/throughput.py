@@ -37,7 +37,8 @@ launches in total, per process, warm-up, the ratio to the first process count's 
 anchor (the kernel authors' suite: 50 checked launches in 28.7 s on an H200, 52 per 30 s).
 --fleet runs the command itself instead: one `gdn-fuzz run --processes N` (its fleet of N campaign
 processes and their one driver, `--mps` as given by --mps, default the command's own auto), read from the
-merged record's workers (with --record-dir: nN.json, and each worker's nN.<worker>.json beside it).
+merged record's workers (with --record-dir: nN.json and each worker's nN.<worker>.json there, and the
+per-example records nN.jsonl.<worker>).
 
 --draws device   Cases draw their bulk tensors (pool, rings, history) on the device
                  (Case.draws "graph" on a CUDA device: every value, by the draw program a CUDA
@@ -344,85 +345,71 @@ def run_campaign(args, target):
 ANCHOR_PER_30S = 50 * 30 / 28.7  # the kernel authors' suite on an H200: 50 checked launches in 28.7 s
 
 
-def _run_fleet(args, n: int, d: Path, threads: int, base) -> dict:
-    """--product --fleet: one `gdn-fuzz run --processes n` (the product command itself, its MPS decision
-    included), read from its merged record."""
-    import subprocess
+def _product_cmd(args, seed: int, json_path: Path, record: Path | None) -> list[str]:
+    """`gdn-fuzz run` as the product command runs it here (--product), with this benchmark's pass-through options."""
     import sys
 
-    d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device, "--warm-up",
-           "--seconds", str(args.product), "--property", "launch", "--no-corpus", "--seed", "0", "--processes", str(n),
-           "--arms", *args.arms, "--T", *map(str, args.T), "--json", str(d / f"n{n}.json")]
-    cmd += (["--pool-scales", *args.pool_scales] if args.pool_scales else []) + (
-        ["--pipeline", args.pipeline] if args.pipeline else []) + (
-        ["--seeds-per-example", str(args.seeds_per_example)] if args.seeds_per_example else []) + (
-        ["--mps", args.mps] if args.mps else [])
-    with open(d / f"n{n}.log", "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-    rec = json.loads((d / f"n{n}.json").read_text()) if (d / f"n{n}.json").is_file() else dict(workers=[])
-    ws = rec["workers"]
-    per30 = sum(w["launches"] * 30 / w["seconds"] for w in ws if w["seconds"])
-    run = dict(processes=n, fleet=True, mps=rec.get("mps"), torch_threads=threads, exit_codes=[code],
-               launches=sum(w["launches"] for w in ws), per_process=[w["launches"] for w in ws],
-               launches_per_30s=per30, warmup_s=[round(w["warmup_s"], 1) for w in ws],
-               ratio_to_first=per30 / base if base else 1.0, ratio_to_anchor=per30 / ANCHOR_PER_30S,
-               mps_left=[w["worker"] for w in ws if (w.get("mps") or {}).get("left")],
-               lost=len(rec.get("lost", [])), pipeline=[w.get("pipeline") for w in ws])
-    print(f"fleet of {n} (MPS {run['mps']}): {run['launches']} checked launches ({per30:.0f} per 30 s; per process "
-          f"{run['per_process']}), warm-up {run['warmup_s']} s; workers that left MPS {run['mps_left']}; exit {code}",
-          flush=True)
-    return run
+    return ([sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
+             "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus", "--seed", str(seed),
+             "--arms", *args.arms, "--T", *map(str, args.T), "--json", str(json_path)]
+            + (["--pool-scales", *args.pool_scales] if args.pool_scales else [])
+            + (["--pipeline", args.pipeline] if args.pipeline else [])
+            + (["--seeds-per-example", str(args.seeds_per_example)] if args.seeds_per_example else [])
+            + (["--record", str(record)] if record is not None else []))
+
+
+def _tally(recs: list[dict], n: int, threads: int, codes: list, base) -> dict:
+    """One row of --product from the campaigns' JSON records (each worker's own): launches, per 30 s of each one's
+    campaign time, per process."""
+    per30 = sum(r["launches"] * 30 / r["seconds"] for r in recs if r["seconds"])
+    return dict(processes=n, torch_threads=threads, exit_codes=codes, launches=sum(r["launches"] for r in recs),
+                per_process=[r["launches"] for r in recs], launches_per_30s=per30,
+                warmup_s=[round(r["warmup_s"], 1) for r in recs], ratio_to_first=per30 / base if base else 1.0,
+                ratio_to_anchor=per30 / ANCHOR_PER_30S, pipeline=[r.get("pipeline") for r in recs],
+                seeds_per_example=[r.get("seeds_per_example") for r in recs],
+                structures=[r.get("structures") for r in recs])
 
 
 def run_product(args, target) -> dict:
-    """--product: the product command in N processes at once, for each N of --processes."""
+    """--product: the product command in N processes at once, for each N of --processes (--fleet: one `gdn-fuzz run
+    --processes N`, its driver and MPS decision included, read from its merged record's workers)."""
     import os
     import subprocess
-    import sys
     import tempfile
 
     cores = os.cpu_count() or 1
     out = dict(meta=_meta(args, target), seconds=args.product, anchor_per_30s=ANCHOR_PER_30S, runs=[])
     base = None
-    runs = out["runs"]
     for n in args.processes:
         d = Path(args.record_dir) if args.record_dir else Path(tempfile.mkdtemp(prefix="gdn_fuzz_product_"))
+        d.mkdir(parents=True, exist_ok=True)
         threads = max(1, cores // n)
+        record = (lambda name: d / name) if args.record_dir else (lambda name: None)
         if args.fleet:
-            runs.append(_run_fleet(args, n, d, threads, base))
-            base = runs[-1]["launches_per_30s"] if base is None else base
-            if args.json:
-                Path(args.json).write_text(json.dumps(out, indent=1))
-            continue
-        cmds = [[sys.executable, "-m", "gdn_fuzz.cli", "run", "--target", args.target, "--device", args.device,
-                 "--warm-up", "--seconds", str(args.product), "--property", "launch", "--no-corpus",
-                 "--seed", str(i), "--torch-threads", str(threads), "--processes", "1", "--arms", *args.arms, "--T", *map(str, args.T),
-                 "--json", str(d / f"n{n}-p{i}.json")]
-                + (["--pool-scales", *args.pool_scales] if args.pool_scales else [])
-                + (["--pipeline", args.pipeline] if args.pipeline else [])
-                + (["--seeds-per-example", str(args.seeds_per_example)] if args.seeds_per_example else [])
-                + (["--record", str(Path(args.record_dir) / f"n{n}-p{i}.jsonl")] if args.record_dir else [])
-                for i in range(n)]
-        if args.record_dir:
-            Path(args.record_dir).mkdir(parents=True, exist_ok=True)
-        procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
-        codes = [p.wait() for p in procs]
-        recs = [json.loads((d / f"n{n}-p{i}.json").read_text()) for i in range(n) if (d / f"n{n}-p{i}.json").is_file()]
-        total = sum(r["launches"] for r in recs)
-        per30 = sum(r["launches"] * 30 / r["seconds"] for r in recs)
-        base = per30 if base is None else base
-        run = dict(processes=n, torch_threads=threads, exit_codes=codes, launches=total,
-                   per_process=[r["launches"] for r in recs], launches_per_30s=per30,
-                   warmup_s=[round(r["warmup_s"], 1) for r in recs], ratio_to_first=per30 / base if base else None,
-                   ratio_to_anchor=per30 / ANCHOR_PER_30S)
-        run["pipeline"] = [r.get("pipeline") for r in recs]
-        run["seeds_per_example"] = [r.get("seeds_per_example") for r in recs]
-        run["structures"] = [r.get("structures") for r in recs]
+            cmd = _product_cmd(args, 0, d / f"n{n}.json", record(f"n{n}.jsonl")) + ["--processes", str(n)] + (
+                ["--mps", args.mps] if args.mps else [])
+            with open(d / f"n{n}.log", "w") as log:
+                codes = [subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode]
+            rec = json.loads((d / f"n{n}.json").read_text()) if (d / f"n{n}.json").is_file() else dict(workers=[])
+            run = _tally(rec["workers"], n, threads, codes, base)
+            run.update(fleet=True, mps=rec.get("mps"), lost=len(rec.get("lost", [])),
+                       mps_left=[w["worker"] for w in rec["workers"] if (w.get("mps") or {}).get("left")])
+            what = f"fleet of {n} (MPS {run['mps']}; workers that left it {run['mps_left']})"
+        else:
+            cmds = [_product_cmd(args, i, d / f"n{n}-p{i}.json", record(f"n{n}-p{i}.jsonl"))
+                    + ["--torch-threads", str(threads), "--processes", "1"] for i in range(n)]
+            procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for c in cmds]
+            codes = [p.wait() for p in procs]
+            recs = [json.loads((d / f"n{n}-p{i}.json").read_text()) for i in range(n)
+                    if (d / f"n{n}-p{i}.json").is_file()]
+            run = _tally(recs, n, threads, codes, base)
+            what = f"{n} process(es) x {threads} threads"
+        base = run["launches_per_30s"] if base is None else base
         out["runs"].append(run)
-        print(f"{n} process(es) x {threads} threads: {total} checked launches ({per30:.0f} per 30 s; per process "
+        print(f"{what}: {run['launches']} checked launches ({run['launches_per_30s']:.0f} per 30 s; per process "
               f"{run['per_process']}), warm-up {run['warmup_s']} s, {run['ratio_to_first']:.2f}x the first row, "
-              f"{run['ratio_to_anchor']:.1f}x the anchor (the production kernel on an H200); exit codes {codes}", flush=True)
+              f"{run['ratio_to_anchor']:.1f}x the anchor (the production kernel on an H200); exit codes {codes}",
+              flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
     return out
