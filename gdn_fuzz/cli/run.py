@@ -48,7 +48,7 @@ def validate_run_args(args) -> None:
     try:
         parse_processes(getattr(args, "processes", "auto"))
         parse_pipeline(getattr(args, "pipeline", None))
-        mps.parse_mps(getattr(args, "mps", "auto"))
+        args.mps = mps.parse_mps(getattr(args, "mps", "auto"))  # normalized once: "auto" | "on" | "off"
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.restarts < 0:
@@ -56,7 +56,7 @@ def validate_run_args(args) -> None:
     if args.ray is not None and args.gpus:
         raise UsageError(f"--ray {args.ray} with --gpus {args.gpus}: choose one (Ray places one worker per GPU of the "
                          "cluster itself; --gpus is this host's GPUs without Ray)")
-    if args.ray is not None and mps.parse_mps(getattr(args, "mps", "auto")) == "on":
+    if args.ray is not None and args.mps == "on":
         raise UsageError(f"--mps on with --ray {args.ray}: the MPS daemon is started for campaign processes of this "
                          "host (--processes N, --gpus), not for Ray's actors; drop --mps on or --ray")
     if args.ray is not None and not args.ray.strip():
@@ -126,7 +126,7 @@ def cmd_run(args) -> int:
         except mps.MpsError as e:  # --mps on where no daemon can be started
             console.print(f"[red]{e}[/red]")
             return EXIT_USAGE
-    if mps.parse_mps(getattr(args, "mps", "auto")) == "on":  # one process: nothing to share, no daemon
+    if args.mps == "on":  # one process: nothing to share, no daemon
         console.print(f"[red]--mps on: {mps.why_not(device, 1)}; run --processes N (N > 1) or drop --mps on[/red]")
         return EXIT_USAGE
     try:
