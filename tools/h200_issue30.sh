@@ -32,6 +32,16 @@ SITE=/tmp/gdn/site
 BASE_PP=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
 export PYTHONPATH=$BASE_PP:${PYTHONPATH:-}
 need_bundle() { [ -d $SITE ] || { echo "bundle gone from /tmp/gdn: carry .gpu and run setup again"; exit 3; }; }
+# the GPU's utilization (nvidia-smi, 250 ms) and the host's CPU (/proc/stat, 1 s) sampled into $R/NAME-smi.csv and
+# $R/NAME-cpu.txt while a run lasts: samplers_start NAME ... samplers_stop
+samplers_start() {
+  nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$1-smi.csv" 2>&1 &
+  smi=$!
+  (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$1-cpu.txt" 2>&1 &
+  cpu=$!
+}
+samplers_stop() { kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; }
+mps_env() { { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$1-env.txt" 2>&1; }
 for step in "$@"; do
   s=$(date +%s)
   case "$step" in
@@ -271,7 +281,7 @@ for step in "$@"; do
       # after the run; the GPU's settings, compute mode included, are not touched), the GPU's utilization and the
       # host's CPU (/proc/stat, 1 s) sampled meanwhile; MPS_RUNS: "MODE:PROCESSES ..."
       need_bundle
-      { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$step-env.txt" 2>&1
+      mps_env "$step"
       for run in ${MPS_RUNS:-off:8 on:8}; do
         IFS=: read -r mode np <<< "$run"; name="$step-$mode-n$np"
         if [ "$mode" = on ]; then
@@ -279,13 +289,10 @@ for step in "$@"; do
           mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
           nvidia-cuda-mps-control -d >> "$R/$name-mps.txt" 2>&1; echo "mps daemon rc=$?" >> "$R/$name-mps.txt"
         fi
-        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
-        smi=$!
-        (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$name-cpu.txt" 2>&1 &
-        cpu=$!
+        samplers_start "$name"
         timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
           --product "${PRODUCT_S:-30}" --processes "$np" --json "$R/$name.json" > "$R/$name.txt" 2>&1
-        echo "$name rc=$?"; kill $smi $cpu 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200
+        echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-200
         if [ "$mode" = on ]; then
           echo quit | nvidia-cuda-mps-control >> "$R/$name-mps.txt" 2>&1; sleep 2
           cp -r $CUDA_MPS_LOG_DIRECTORY "$R/$name-mpslog" 2>/dev/null; rm -rf /tmp/gdn-mps
@@ -297,19 +304,16 @@ for step in "$@"; do
       # --product --fleet), bf16, launch, default pool scales, with its own MPS decision (--mps MODE); the GPU's
       # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..."
       need_bundle
-      { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$step-env.txt" 2>&1
+      mps_env "$step"
       i=0
       for run in ${FLEET_RUNS:-on:8 off:8}; do
         # the run's index in the name: repeated runs of one mode keep their own records (run 87 lost two to this)
         i=$((i + 1)); IFS=: read -r mode np tag <<< "$run"; name="$step-$i-$mode-n$np${tag:+-$tag}"
-        nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
-        smi=$!
-        (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$name-cpu.txt" 2>&1 &
-        cpu=$!
+        samplers_start "$name"
         timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
           --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
           --json "$R/$name.json" > "$R/$name.txt" 2>&1
-        echo "$name rc=$?"; kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-240
+        echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-240
       done ;;
     g32fault)
       # issue 32: a kernel that faults (gpu_oob_full_window: an out-of-bounds access on a full window) under the
