@@ -40,7 +40,7 @@ samplers_start() {
   (while sleep 1; do head -n 1 /proc/stat; done) > "$R/$1-cpu.txt" 2>&1 &
   cpu=$!
 }
-samplers_stop() { kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; }
+samplers_stop() { kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; return 0; }
 mps_env() { { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$1-env.txt" 2>&1; }
 for step in "$@"; do
   s=$(date +%s)
