@@ -700,16 +700,17 @@ def compact(case: Case) -> Case:
                                rows=tuple(r if r.pad else dataclasses.replace(r, slot=renum[r.slot]) for r in case.rows))
 
 
-def spread_rows(case: Case, small: dict) -> dict:
+def spread_rows(case: Case, small: dict, at: torch.Tensor | None = None) -> dict:
     """The inputs of the fill="rows" case `case` from those of compact(case) (`small`, left as it is): its pool and
     rings of case.pool slots, zero everywhere but the rows' slots, which hold small's rows (lazy_zeros: on the CPU,
-    memory no one writes is never allocated), and its slot indices; every other entry is small's own."""
+    memory no one writes is never allocated), and its slot indices; every other entry is small's own.  at: the
+    rows' slots (case.used_slots()) as an int64 tensor on small's device, where the caller has them already."""
     from gdn_fuzz import graphs  # lazily, as in _materialize_graph
 
     used = case.used_slots()
     inputs = dict(small)
     dev = small["initial_state_source"].device
-    at = torch.tensor(used, dtype=torch.long, device=dev)
+    at = torch.tensor(used, dtype=torch.long, device=dev) if at is None else at
     for name in graphs.POOL_BUFFERS:
         t = small[name]
         big = lazy_zeros((case.pool, *t.shape[1:]), t.dtype, dev)

@@ -91,14 +91,15 @@ def observe_rows(target: Target, case: Case, device: str = "cpu") -> RowsLaunch:
     still is after is checks.rows_outside's question."""
     small = compact(case)
     before = materialize(small, device)
+    used = torch.tensor(case.used_slots(), dtype=torch.long, device=before["initial_state_source"].device)
     # the launch's own copy of every input but the small pools, which spread_rows only reads
-    inputs = spread_rows(case, {**before, **clone_inputs({k: v for k, v in before.items() if k not in POOL_BUFFERS})})
+    inputs = spread_rows(case, {**before, **clone_inputs({k: v for k, v in before.items() if k not in POOL_BUFFERS})},
+                         at=used)
     indices = inputs["initial_state_indices"].clone()
     try:
         out, err = target.launch(case.arm, **inputs), None
     except Exception as e:  # the target's own exception, reported as a finding by the caller
         out, err = None, e
-    used = torch.tensor(case.used_slots(), dtype=torch.long, device=indices.device)
     after = {k: (v[used] if k in POOL_BUFFERS else v) for k, v in inputs.items()}
     # the launch's slot indices name the big pool's slots: the compact launch's are "before"'s, unless the launch
     # changed them (checks.rows_outside compares them with `indices`)
