@@ -713,11 +713,9 @@ class Worker:
             if sp is not None:
                 sp.close()
             return False
-        ready = sp._ready  # a spare is only spawned: its 'ready' is still in the pipe, unless start() read it
+        # a spare is only ever spawned (reproduces takes it out before it starts it): its 'ready' is still in the pipe,
+        # for this Worker's _await_ready to read
         self._take(sp._proc, sp._conn, sp._spawned_at)
-        if ready:
-            self._ready = True
-            self.startups.extend(sp.startups)
         sp._proc, sp._conn = None, None  # closing the spare's Worker must not end the process it gave away
         sp.close()
         return True
