@@ -11,7 +11,6 @@ in `tools/h200_issue30.sh g32fault` (docs/h200-results.md, run 87)."""
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import sys
 import tempfile
@@ -66,13 +65,6 @@ def gone(pid: int, wait_s: float = 5.0) -> bool:
 
 def seen_pipe(target, case, device) -> dict:
     """A measurement (Worker.measure): the MPS pipe folder the worker process would connect to."""
-    return dict(pipe=os.environ.get(mps.PIPE_ENV))
-
-
-def crash_under_mps(target, case, device) -> dict:
-    """A measurement that dies whenever its process is an MPS client (a fault another client caused)."""
-    if os.environ.get(mps.PIPE_ENV):
-        os.kill(os.getpid(), signal.SIGSEGV)
     return dict(pipe=os.environ.get(mps.PIPE_ENV))
 
 
@@ -185,12 +177,11 @@ def test_a_fault_seen_under_mps_is_checked_again_in_its_own_context(tmp_path, sp
     MPS for good.  With a spare, the spare's process (started without MPS) checks it and becomes the Worker's own,
     and a new spare starts."""
     pipe = str(tmp_path / "pipe")
-    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe, spare=spare)
+    w = Worker(SEGV_UNDER_MPS, "cpu", inflight_dir=tmp_path, name="t", mps_pipe=pipe, spare=spare)
     try:
         w.start()
         before = None if w._spare is None else w._spare.pid
-        got = w.measure(crash_under_mps, OK)
-        assert list(got) == [] and got.metrics == dict(pipe=None)
+        assert w.check("launch", OK) == []
         assert w.mps_pipe is None and w.mps_left == dict(after_checks=0, seen="crash: killed by signal SIGSEGV")
         (again,) = w.mps_rechecks
         assert again["seen"] == "crash: killed by signal SIGSEGV" and again["found"] == [] and again["spare"] is spare
