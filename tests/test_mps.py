@@ -38,6 +38,9 @@ def fake_control(tmp_path: Path, *, ignore_quit: bool = False, fail: str | None 
     quit_cmd = "" if ignore_quit else 'kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/fake.pid")"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"'
     start = (f'echo "{fail}" >&2; exit 1' if fail else
              '(exec -a nvidia-cuda-mps-server sleep 600) > /dev/null 2>&1 < /dev/null &\n'
+             # returns once its process runs under the daemon's name, as the real -d returns with its daemon up
+             # (before the exec the child is this script's bash: a pids() right after start missed it, under load)
+             '  for i in $(seq 100); do tr "\\0" " " < /proc/$!/cmdline | grep -q mps-server && break; sleep 0.05; done\n'
              '  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/fake.pid"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0')
     path.write_text(f"""#!/bin/bash
 if [ "$1" = -d ]; then
