@@ -784,6 +784,41 @@ def test_a_failure_that_a_fresh_worker_does_not_repeat_is_not_filed(tmp_path):
     assert c.unconfirmed["launch [H*] raised RuntimeError: worker state went bad"]["reproduced"] is False
 
 
+def test_a_confirmation_runs_beside_the_shrink(tmp_path):
+    """The fresh-process confirmation of a new failure runs beside the campaign's checks (issue 32: on the GPU it is a
+    process's first check, 2.4-5.1 s in run 87, and it used to hold every round's check, so that findings were left
+    unshrunk).  A target whose every process sleeps on its first launch makes the confirmation slow: the round
+    shrinks the failure meanwhile, and the failure is told (on_first) and filed with the time its confirmation came
+    back, shrunk.  Before: no example was checked between the first failing example and on_first."""
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    slow_s = 3.0
+    body = (f"if _LAUNCHES[0] == 1:\n    time.sleep({slow_s})\n"
+            "if (kw['cache_base'] >= 5).any():\n    raise ValueError('a late cache base')")
+    target = plant(tmp_path, "slow_first", body)
+    record = tmp_path / "record.jsonl"
+    c = Campaign(target=get_target(target), device="cpu", properties=[get_property("launch")], arms=("bf16",),
+                 Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=4, round_examples=200, isolate=True,
+                 launch_timeout_s=60.0, pipeline=1, spare_worker=True, record_path=record, shrink_grace_s=20.0)
+    told = []
+    c.run(examples=200, on_first=lambda sig, prop, case, found, t, n: told.append((sig, t, c.stats.examples)))
+    (sig, t_told, examples_told), = told
+    (f,) = c.findings.values()
+    assert f.signature == sig == "launch [H*] raised ValueError: a late cache base" and f.shrunk
+    assert f.first_t == t_told
+    lines = [json.loads(x) for x in record.read_text().splitlines()]
+    t_fail = next(x["t"] for x in lines if sig in x["signatures"])
+    assert t_told - t_fail >= slow_s  # the confirmation's process slept on its first launch
+    during = [x for x in lines if t_fail < x["t"] < t_told]
+    assert len(during) >= 5 and examples_told > lines.index(next(x for x in lines if sig in x["signatures"])) + 5
+    (conf,) = c.confirmations()
+    assert conf["spare"] and conf["check_s"] >= slow_s
+    assert c._confirmer is None and not c._confirming and c._worker._spare is None  # nothing left running
+
+
 def test_same_seed_same_findings_and_entries(tmp_path):
     """Determinism (kept): two campaigns with the same seed find the same signatures and write the
     same entries, byte for byte apart from the date they were written."""

@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass, field
 
@@ -362,6 +363,11 @@ class Campaign:
         self._learned: dict = {}  # signature -> entry name, told by another thread (learn()), not yet in known
         self._model_known: dict = {}  # signature -> the release model's word, for known bugs no entry records
         self._on_check = lambda prop, case: None  # run()'s on_check
+        # isolated: signature -> Future of its fresh-process confirmation (Worker.reproduces), which runs on the
+        # confirmer thread while the round that saw it shrinks it and the other rounds check (_confirm_later)
+        self._confirming: dict[str, Future] = {}
+        self._confirmer: ThreadPoolExecutor | None = None
+        self._confirm_error: BaseException | None = None  # what a confirmation raised, for the rounds to raise
         _constants_scan()
         if self.isolate:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
@@ -466,7 +472,8 @@ class Campaign:
         being shrunk and less than shrink_grace_s has passed since the budget was found spent (never after
         stop_on_finding was met)."""
         rs = self._rs
-        if not (self.shrink and self.shrink_grace_s > 0 and rs.new) or self._stop_requested or self._halt:
+        shrinking = any(sig not in self.unconfirmed for sig in rs.new)
+        if not (self.shrink and self.shrink_grace_s > 0 and shrinking) or self._stop_requested or self._halt:
             return False
         if rs.spent_at is None:
             rs.spent_at = self.stats.elapsed
@@ -601,6 +608,8 @@ class Campaign:
         (pipeline > 1) the bookkeeping and the callbacks hold self._lock and the check holds self._check_lock (the
         worker checks one case at a time): a round's check overlaps the other rounds' Hypothesis draws."""
         rs = self._rs
+        if self._confirm_error is not None:
+            raise self._confirm_error
         with self._lock:
             n_before = self.stats.examples
             self.stats.note_example(prop.name)
@@ -632,32 +641,84 @@ class Campaign:
             if not new:
                 return None
             sig = min(f.signature() for f in new)  # one signature per failing example, deterministically
+            if sig in self.unconfirmed:  # a fresh worker did not repeat it: neither shrunk nor filed
+                return None
             if self._owner.get(sig, rs) is not rs:  # another running round is shrinking it: a repeat here
                 self.repeats[sig] += 1
                 return None
-            confirm = sig not in self._first and self._worker is not None
-        if confirm:
-            # a kernel bug only if it comes back in a fresh worker process (not an artefact of a
-            # worker poisoned by an earlier launch, nor of a flaky machine); checked at once, on the
-            # first failing case, so that the check is paid inside the budget
-            with self._check_lock:
-                again = self._worker.reproduces(prop.name, case, sig)
-            if again is not True:
-                with self._lock:
-                    self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
-                                                          findings=[str(f) for f in found]))
-                return None
-        with self._lock:
-            if sig in self.unconfirmed or self._owner.get(sig, rs) is not rs:
-                return None
             self._best[sig] = (prop.name, case, found)
             if sig not in self._first:
-                t = self.stats.elapsed
-                self._first[sig] = (t, n_before, prop.name)
+                self._first[sig] = (self.stats.elapsed, n_before, prop.name)
                 self._owner[sig] = rs
                 rs.new.append(sig)
-                on_first(sig, prop.name, case, found, t, n_before)
+                if self._worker is None:
+                    on_first(sig, prop.name, case, found, self.stats.elapsed, n_before)
+                else:
+                    self._confirm_later(prop, case, sig, found, n_before, on_first)
         return failure_class(sig)(case, list(found), sig)
+
+    def _confirm_later(self, prop: Property, case: Case, sig: str, found, n_before: int, on_first) -> None:
+        """Start the fresh-process confirmation of a new failure (isolated campaigns; self._lock held).
+
+        A kernel bug is filed only if it comes back in a fresh worker process (not an artefact of a worker poisoned
+        by an earlier launch, nor of a flaky machine), checked on its first failing case.  The check runs on the
+        confirmer thread (one confirmation at a time, in the worker's spare process) while the round that saw the
+        failure shrinks it and the other rounds go on checking: on the GPU a confirmation is a process's first check
+        (2.4-5.1 s on an H100, run 87), and it used to hold every round's check for that long.  When it comes back,
+        the signature's first time is set and on_first is called; when it does not, the signature is unconfirmed:
+        its later failing examples pass (the shrink stops) and it is not filed.  Its round's end waits for it
+        (_settle)."""
+        if self._confirmer is None:
+            self._confirmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gdn-fuzz-confirm")
+
+        def confirm() -> bool:
+            try:
+                again = self._worker.reproduces(prop.name, case, sig)
+                with self._lock:
+                    if again is not True:
+                        self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
+                                                              findings=[str(f) for f in found]))
+                        return False
+                    t = self.stats.elapsed  # filed from here on: the time a user is told of it, as before
+                    self._first[sig] = (t, n_before, prop.name)
+                    on_first(sig, prop.name, case, found, t, n_before)
+                return True
+            except BaseException as e:  # a SetupError, or on_first's stop: the rounds raise it (_example, _settle)
+                self._confirm_error = e
+                raise
+
+        self._confirming[sig] = self._confirmer.submit(confirm)
+
+    def _confirmed_t(self, f: CampaignFinding) -> CampaignFinding:
+        """f with its first time as the confirmation set it (a round cut short while the confirmation ran made f with
+        the first failing example's time): the seconds at which the failure was first seen and repeated in a fresh
+        process, as when the confirmation held the round."""
+        t = self._first[f.signature][0]
+        if f.first_t is not None and t > f.first_t:
+            f.shrink_s = max(0.0, (f.shrink_s or 0.0) - (t - f.first_t))
+            f.first_t = t
+        return f
+
+    def _settle(self, sigs, quiet: bool = False) -> None:
+        """Wait for the confirmations of these signatures still running (not holding self._lock: they take it).
+        What one raised is raised here, unless quiet (a stop already under way)."""
+        for sig in sigs:
+            fut = self._confirming.get(sig)
+            if fut is None:
+                continue
+            try:
+                fut.result()
+            except BaseException:  # noqa: BLE001 - quiet: the campaign is stopping anyway
+                if not quiet:
+                    raise
+
+    def _end_confirmer(self) -> None:
+        """Wait for every confirmation still running (before the worker closes), and forget them."""
+        if self._confirmer is not None:
+            self._confirmer.shutdown(wait=True)
+            self._confirmer = None
+        self._confirming.clear()
+        self._confirm_error = None
 
     def _keep(self, f: CampaignFinding, on_finding) -> None:
         with self._lock:
@@ -756,13 +817,15 @@ class Campaign:
                 self._tls.round = rs = _RoundState()
                 t0 = self.stats.elapsed
                 found = self._round(prop, self.seed * 1_000_003 + i, on_example, on_first, n=size)
+                self._settle([f.signature for f in found])
                 with self._lock:
                     if prop.name in self.stats.per_property:
                         self.stats.per_property[prop.name]["seconds"] += self.stats.elapsed - t0
                     self.stats.rounds += 1
                     self.stats.compiles = self._compiles() - compiles0
                     for f in sorted(found, key=lambda x: x.signature):
-                        self._keep(f, on_finding)
+                        if f.signature not in self.unconfirmed:
+                            self._keep(self._confirmed_t(f), on_finding)
                     for sig in rs.new:  # kept (or cut short): no longer this round's
                         self._owner.pop(sig, None)
                     if self.stop_on_finding and self.findings:
@@ -776,7 +839,10 @@ class Campaign:
             return self
         except KeyboardInterrupt:
             self.interrupted = True
+            self._settle(list(self._best), quiet=True)
             for sig, (pname, case, found) in sorted(self._best.items()):
+                if sig in self.unconfirmed:
+                    continue
                 t, n, _ = self._first[sig]
                 self._keep(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
                                            shrink_s=self.stats.elapsed - t, shrunk=False), on_finding)
@@ -788,6 +854,7 @@ class Campaign:
             self._on_check = lambda prop, case: None
             self._stop_requested = False  # this run's stop is spent (a later run() starts afresh)
             self._owner.clear()
+            self._end_confirmer()
             self.stats.compiles = self._compiles() - compiles0
             self.close()
 

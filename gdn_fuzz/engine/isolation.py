@@ -44,6 +44,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -396,6 +397,9 @@ class Worker:
         # reproduces() finds one ready instead of waiting for a process start (~5-13 s on the H200, run 63)
         self.spare = spare
         self._spare: Worker | None = None
+        # reproduces() may run on another thread than check() (the campaign confirms a new failure beside its rounds'
+        # checks): taking, starting and closing the spare hold this lock
+        self._spare_lock = threading.Lock()
         self._ready = False  # the process reported 'ready' (spawn() starts one without waiting)
         self._spawned_at = 0.0
         # one entry per reproduces(): spare (a spare process was there), wait_s (until that process was ready),
@@ -481,7 +485,7 @@ class Worker:
             self._make_inflight_dir()
             self.spawn()
         self._await_ready()
-        if self.spare and self._spare is None:
+        if self.spare:
             self._spawn_spare()
 
     def spawn(self) -> None:
@@ -544,8 +548,17 @@ class Worker:
                       oracle_arms=self.oracle_arms, oracle_Ts=self.oracle_Ts)
 
     def _spawn_spare(self) -> None:
-        self._spare = self._fresh()
-        self._spare.spawn()
+        """Start a spare process unless one is there (or a confirmation on another thread started one)."""
+        with self._spare_lock:
+            if self._spare is None:
+                self._spare = self._fresh()
+                self._spare.spawn()
+
+    def _take_spare(self) -> "Worker | None":
+        """The spare, now no longer this Worker's (None when there is none)."""
+        with self._spare_lock:
+            sp, self._spare = self._spare, None
+        return sp
 
     def _stop(self, kill: bool = False) -> None:
         """End the worker process: politely when idle, SIGKILL when busy, hung or `kill`."""
@@ -575,9 +588,9 @@ class Worker:
     def close(self) -> None:
         """End the worker; remove the in-flight file when its check finished (and the private
         in-flight directory, if this Worker made one) and its spare."""
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
+        sp = self._take_spare()
+        if sp is not None:
+            sp.close()
         self._stop(kill=self._busy)
         if self._last_finished:
             self.inflight_path.unlink(missing_ok=True)
@@ -708,7 +721,7 @@ class Worker:
 
     def _adopt_spare(self) -> bool:
         """Make the spare's process this Worker's own (no process is started for it); False when there is none."""
-        sp, self._spare = self._spare, None
+        sp = self._take_spare()
         if sp is None or sp._proc is None or not sp._proc.is_alive():
             if sp is not None:
                 sp.close()
@@ -834,7 +847,7 @@ class Worker:
         this is True.
         """
         t0 = time.monotonic()
-        w, self._spare = (self._spare, None) if self._spare is not None else (self._fresh(), None)
+        w = self._take_spare() or self._fresh()
         had_spare = w._proc is not None
         w.timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
