@@ -159,6 +159,20 @@ for step in "$@"; do
             > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
           grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
+          # the findings (first failing example, shrunk or not) and each worker's confirmations
+          python3 - "$R/first${FIRST_TAG:-}-$tree-$m.json" <<'PY' 2>&1 | tee "$R/first${FIRST_TAG:-}-$tree-$m-summary.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+fs = r["findings"]
+print(f"findings {len(fs)}, shrunk {sum(bool(f['shrunk']) for f in fs)}, first failure "
+      f"{min((f['first_failure_s'] for f in fs), default=None)}, launches {r['totals'].get('launches')}")
+for f in sorted(fs, key=lambda f: f["first_failure_s"]):
+    print(f"  {f['first_failure_s']:6.1f} s {f['worker']:8} shrunk={f['shrunk']!s:5} {f['signature'][:110]}")
+for w in r["workers"]:
+    c = w.get("confirmations") or []
+    print(f"  {w['worker']}: {w['launches']} launches, {len(c)} confirmations, {sum(x['check_s'] for x in c):.1f} s, "
+          f"unconfirmed {len(w.get('unconfirmed') or {})}, grace {w.get('grace_used_s')}")
+PY
         done
       done ;;
     g32tests)
