@@ -648,11 +648,12 @@ class Campaign:
                 return None
             self._best[sig] = (prop.name, case, found)
             if sig not in self._first:
-                self._first[sig] = (self.stats.elapsed, n_before, prop.name)
+                t = self.stats.elapsed
+                self._first[sig] = (t, n_before, prop.name)
                 self._owner[sig] = rs
                 rs.new.append(sig)
                 if self._worker is None:
-                    on_first(sig, prop.name, case, found, self.stats.elapsed, n_before)
+                    on_first(sig, prop.name, case, found, t, n_before)
                 else:
                     self._confirm_later(prop, case, sig, found, n_before, on_first)
         return failure_class(sig)(case, list(found), sig)
