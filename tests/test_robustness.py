@@ -469,11 +469,11 @@ def test_an_oracle_compile_killed_by_a_sticky_cuda_error_is_the_checks_crash(mon
 def test_a_spare_worker_is_fresh_and_started_before_it_is_needed(tmp_path):
     """Worker(spare=True) (issue 32: a first finding waited for a whole process start in reproduces, 5-13 s on the
     H200): a second process starts when the worker is ready, has run no check when reproduces takes it (the
-    failure left by earlier launches still does not come back), a new one starts after each use, every use is
-    recorded in confirmations, and close() ends the spare too."""
+    failure left by earlier launches still does not come back), the next one starts as each is taken (its start
+    overlaps the confirmation's check), every use is recorded in confirmations, and close() ends the spare too."""
     import time
 
-    body = ("if marked:\n    raise ValueError('always on this case')\n"
+    body = ("if marked:\n    time.sleep(0.5)\n    raise ValueError('always on this case')\n"
             "if _LAUNCHES[0] == 3:\n    raise ValueError('state left by earlier launches')")
     w = Worker(plant(tmp_path, "history_spare", body), "cpu", name="spare", spare=True)
     try:
@@ -488,9 +488,12 @@ def test_a_spare_worker_is_fresh_and_started_before_it_is_needed(tmp_path):
         pid = w.pid
         assert w.reproduces("launch", OK, stale.signature()) is False
         assert spare.pid is None and w._spare is not None and w._spare is not spare  # used, closed, replaced
+        t0 = time.monotonic()
         assert w.reproduces("launch", MARKED, always.signature()) is True
         assert w.pid == pid
         first, second = w.confirmations
+        # the spare after it was started before its check (which slept 0.5 s), not after
+        assert w._spare._spawned_at - t0 < second["wait_s"] + 0.25 < second["wait_s"] + second["check_s"]
         assert first["spare"] and second["spare"] and first["wait_s"] < first["ready_s"]
         assert first["check_s"] > 0 and second["ready_s"] > 0
         last = w._spare
