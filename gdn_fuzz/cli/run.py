@@ -253,6 +253,9 @@ def cmd_run(args) -> int:
     if s.grace_s > 0:
         console.print(f"shrinking ran {s.grace_s:.1f}s past the budget (--shrink-grace {camp.shrink_grace_s:g}s)",
                       markup=False)
+    if s.confirm_wait_s >= 0.05:
+        console.print(f"the rounds' ends waited {s.confirm_wait_s:.1f}s for fresh-process confirmations of their "
+                      "failures", markup=False)
     pt = Table(title="examples per property (rounds interleave the properties; sizes double from 1 to "
                      f"{args.round_examples})")
     for col in ("property", "examples", "first example at", "seconds"):

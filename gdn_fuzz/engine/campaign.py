@@ -267,6 +267,7 @@ class CampaignStats:
     warmup_s: float = 0.0  # warm_up(): outside `elapsed`
     warmup_compiles: int = 0
     grace_s: float = 0.0  # seconds shrinking ran past the budget (Campaign.shrink_grace_s)
+    confirm_wait_s: float = 0.0  # seconds rounds' ends waited for fresh-process confirmations still running (_settle)
     started: float = field(default_factory=time.monotonic)
     events: dict = field(default_factory=dict)
     per_property: dict = field(default_factory=dict)  # name -> {"examples", "seconds", "first_s", "first_example"}
@@ -703,15 +704,20 @@ class Campaign:
     def _settle(self, sigs, quiet: bool = False) -> None:
         """Wait for the confirmations of these signatures still running (not holding self._lock: they take it).
         What one raised is raised here, unless quiet (a stop already under way)."""
-        for sig in sigs:
-            fut = self._confirming.get(sig)
-            if fut is None:
-                continue
-            try:
-                fut.result()
-            except BaseException:  # noqa: BLE001 - quiet: the campaign is stopping anyway
-                if not quiet:
-                    raise
+        t0 = time.monotonic()
+        try:
+            for sig in sigs:
+                fut = self._confirming.get(sig)
+                if fut is None:
+                    continue
+                try:
+                    fut.result()
+                except BaseException:  # noqa: BLE001 - quiet: the campaign is stopping anyway
+                    if not quiet:
+                        raise
+        finally:
+            with self._lock:
+                self.stats.confirm_wait_s += time.monotonic() - t0
 
     def _end_confirmer(self) -> None:
         """Wait for every confirmation still running (before the worker closes), and forget them."""
