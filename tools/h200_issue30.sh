@@ -171,7 +171,8 @@ for f in sorted(fs, key=lambda f: f["first_failure_s"]):
 for w in r["workers"]:
     c = w.get("confirmations") or []
     print(f"  {w['worker']}: {w['launches']} launches, {len(c)} confirmations, {sum(x['check_s'] for x in c):.1f} s, "
-          f"unconfirmed {len(w.get('unconfirmed') or {})}, grace {w.get('grace_used_s')}")
+          f"unconfirmed {len(w.get('unconfirmed') or {})}, grace {w.get('grace_used_s')}, "
+          f"waited for confirmations {w.get('confirm_wait_s')}, seconds {w.get('seconds')}")
 PY
         done
       done ;;
