@@ -822,6 +822,54 @@ def test_a_confirmation_runs_beside_the_shrink(tmp_path):
     assert c._confirmer is None and not c._confirming and c._worker._spare is None  # nothing left running
 
 
+def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
+    """A first Ctrl-C lets the confirmation running finish; a second ends it at once (its process is killed) and its
+    failure is not filed, nor listed as unconfirmed (there was no answer).  The confirmation here would take 60 s:
+    every process but the first sleeps that long on its first launch.  Before: the stop waited for it."""
+    import threading
+
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    marker = tmp_path / "first-process"
+    body = ("if _LAUNCHES[0] == 1:\n"
+            "    try:\n"
+            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
+            "    except FileExistsError:\n"
+            "        time.sleep(60)\n"
+            "if (kw['cache_base'] >= 5).any():\n    raise ValueError('a late cache base')")
+    c = Campaign(target=get_target(plant(tmp_path, "slow_confirmation", body)), device="cpu",
+                 properties=[get_property("launch")], arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,),
+                 seed=4, round_examples=200, isolate=True, launch_timeout_s=120.0, pipeline=1, spare_worker=True)
+    told = []
+
+    def press_twice():
+        deadline = time.monotonic() + 60
+        while c._worker._repro_proc is None and time.monotonic() < deadline:  # a confirmation is running
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: the campaign stops at its next example
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)  # the second: while the campaign waits for the confirmation
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist workers ignore SIGINT
+    try:
+        presser = threading.Thread(target=press_twice, daemon=True)
+        presser.start()
+        t0 = time.monotonic()
+        c.run(seconds=300, on_first=lambda *a: told.append(a))
+        took = time.monotonic() - t0
+        presser.join(5)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert c.interrupted and c.stats.examples > 1
+    assert took < 30, took  # not the confirmation's 60 s
+    assert not told and not c.findings and not c.unconfirmed
+    assert c._confirmer is None and c._worker._repro_proc is None
+
+
 def test_same_seed_same_findings_and_entries(tmp_path):
     """Determinism (kept): two campaigns with the same seed find the same signatures and write the
     same entries, byte for byte apart from the date they were written."""

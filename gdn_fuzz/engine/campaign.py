@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
 from dataclasses import dataclass, field
 
@@ -369,6 +369,8 @@ class Campaign:
         self._confirming: dict[str, Future] = {}
         self._confirmer: ThreadPoolExecutor | None = None
         self._confirm_error: BaseException | None = None  # what a confirmation raised, for the rounds to raise
+        self._confirm_aborted = False  # a second Ctrl-C ended the confirmations: their answers are not taken
+        self._repeated: set = set()  # signatures a fresh process repeated
         _constants_scan()
         if self.isolate:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
@@ -673,16 +675,21 @@ class Campaign:
         if self._confirmer is None:
             self._confirmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gdn-fuzz-confirm")
 
-        def confirm() -> bool:
+        def confirm() -> bool | None:
             try:
+                if self._confirm_aborted:
+                    return None
                 again = self._worker.reproduces(prop.name, case, sig)
                 with self._lock:
+                    if self._confirm_aborted:  # its process was killed: no answer, the failure is not filed
+                        return None
                     if again is not True:
                         self.unconfirmed.setdefault(sig, dict(prop=prop.name, case=case.to_dict(), reproduced=again,
                                                               findings=[str(f) for f in found]))
                         return False
                     t = self.stats.elapsed  # filed from here on: the time a user is told of it, as before
                     self._first[sig] = (t, n_before, prop.name)
+                    self._repeated.add(sig)
                     on_first(sig, prop.name, case, found, t, n_before)
                 return True
             except BaseException as e:  # a SetupError, or on_first's stop: the rounds raise it (_example, _settle)
@@ -703,7 +710,9 @@ class Campaign:
 
     def _settle(self, sigs, quiet: bool = False) -> None:
         """Wait for the confirmations of these signatures still running (not holding self._lock: they take it).
-        What one raised is raised here, unless quiet (a stop already under way)."""
+        What one raised is raised here, unless quiet (a stop already under way).  A KeyboardInterrupt while waiting
+        is a second Ctrl-C (the first only notes a stop): the confirmations are ended (_abort_confirmations), and it
+        is raised."""
         t0 = time.monotonic()
         try:
             for sig in sigs:
@@ -711,19 +720,44 @@ class Campaign:
                 if fut is None:
                     continue
                 try:
-                    fut.result()
-                except BaseException:  # noqa: BLE001 - quiet: the campaign is stopping anyway
-                    if not quiet:
-                        raise
+                    wait_futures([fut])
+                except KeyboardInterrupt:
+                    self._abort_confirmations()
+                    raise
+                if not quiet and not fut.cancelled() and fut.exception() is not None:
+                    raise fut.exception()
         finally:
             with self._lock:
                 self.stats.confirm_wait_s += time.monotonic() - t0
 
+    def _confirmed(self, sig: str) -> bool:
+        """Did a fresh process repeat this failure (or need it not: no isolation)?"""
+        return sig not in self.unconfirmed and (sig not in self._confirming or sig in self._repeated)
+
+    def _abort_confirmations(self) -> None:
+        """A second Ctrl-C: the confirmation running is ended (its process killed) and those waiting never start;
+        their failures are not filed (as when the confirmation held the round: the interrupt ended it)."""
+        self._confirm_aborted = True
+        if self._worker is not None:
+            self._worker.abort_reproduce()
+        for fut in self._confirming.values():
+            fut.cancel()
+
     def _end_confirmer(self) -> None:
-        """Wait for every confirmation still running (before the worker closes), and forget them."""
+        """Wait for every confirmation still running (before the worker closes), and forget them.  A Ctrl-C during
+        the wait ends them (_abort_confirmations) and is raised once they are gone."""
         if self._confirmer is not None:
-            self._confirmer.shutdown(wait=True)
-            self._confirmer = None
+            try:
+                self._confirmer.shutdown(wait=True)
+            except KeyboardInterrupt:
+                self._abort_confirmations()
+                self._confirmer.shutdown(wait=True, cancel_futures=True)
+                raise
+            finally:
+                self._confirmer = None
+                self._confirming.clear()
+                self._confirm_error = None
+                self._confirm_aborted = False
         self._confirming.clear()
         self._confirm_error = None
 
@@ -846,9 +880,12 @@ class Campaign:
             return self
         except KeyboardInterrupt:
             self.interrupted = True
-            self._settle(list(self._best), quiet=True)
+            try:
+                self._settle(list(self._best), quiet=True)  # the confirmations running finish (a first Ctrl-C)
+            except KeyboardInterrupt:  # a second one ended them (_settle); their failures are not filed
+                pass
             for sig, (pname, case, found) in sorted(self._best.items()):
-                if sig in self.unconfirmed:
+                if not self._confirmed(sig):
                     continue
                 t, n, _ = self._first[sig]
                 self._keep(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
@@ -861,9 +898,11 @@ class Campaign:
             self._on_check = lambda prop, case: None
             self._stop_requested = False  # this run's stop is spent (a later run() starts afresh)
             self._owner.clear()
-            self._end_confirmer()
-            self.stats.compiles = self._compiles() - compiles0
-            self.close()
+            try:
+                self._end_confirmer()
+            finally:
+                self.stats.compiles = self._compiles() - compiles0
+                self.close()
 
     def _round_plan(self):
         """(round index, property, size) of every round of a run, in order: passes over the properties, the size

@@ -400,6 +400,7 @@ class Worker:
         # reproduces() may run on another thread than check() (the campaign confirms a new failure beside its rounds'
         # checks): taking, starting and closing the spare hold this lock
         self._spare_lock = threading.Lock()
+        self._repro_proc = None  # the process of the confirmation running (reproduces), for abort_reproduce()
         self._ready = False  # the process reported 'ready' (spawn() starts one without waiting)
         self._spawned_at = 0.0
         # one entry per reproduces(): spare (a spare process was there), wait_s (until that process was ready),
@@ -837,6 +838,14 @@ class Worker:
             got.metrics = None
         return got
 
+    def abort_reproduce(self) -> None:
+        """Kill the process of the confirmation running now (reproduces, on another thread), if any: its check then
+        ends as a crash, which the caller that aborted it does not take for an answer (a campaign stopped by a second
+        Ctrl-C)."""
+        proc = self._repro_proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+
     def reproduces(self, prop: str, case: Case, signature: str, timeout_s: float | None = None) -> bool | None:
         """Does the finding `signature` come back when `case` runs in a FRESH worker process?
 
@@ -849,6 +858,7 @@ class Worker:
         t0 = time.monotonic()
         w = self._take_spare() or self._fresh()
         had_spare = w._proc is not None
+        self._repro_proc = w._proc
         if self.spare and self._proc is not None:
             # the next confirmation's process starts now, beside this one: a process's start and its oracle's compile
             # (3.4-5.5 s to a first check on an H100, run 87) overlap this check instead of following it, for the
@@ -857,9 +867,11 @@ class Worker:
         w.timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             w.start()
+            self._repro_proc = w._proc
             t_ready = time.monotonic()
             found = w.check(prop, case)
         finally:
+            self._repro_proc = None
             w._last_finished = True  # the caller holds the case: no in-flight file left for it
             w.close()
         self.confirmations.append(dict(spare=had_spare, wait_s=round(t_ready - t0, 3),
