@@ -746,20 +746,19 @@ class Campaign:
     def _end_confirmer(self) -> None:
         """Wait for every confirmation still running (before the worker closes), and forget them.  A Ctrl-C during
         the wait ends them (_abort_confirmations) and is raised once they are gone."""
-        if self._confirmer is not None:
-            try:
-                self._confirmer.shutdown(wait=True)
-            except KeyboardInterrupt:
-                self._abort_confirmations()
-                self._confirmer.shutdown(wait=True, cancel_futures=True)
-                raise
-            finally:
-                self._confirmer = None
-                self._confirming.clear()
-                self._confirm_error = None
-                self._confirm_aborted = False
-        self._confirming.clear()
-        self._confirm_error = None
+        try:
+            if self._confirmer is not None:
+                try:
+                    self._confirmer.shutdown(wait=True)
+                except KeyboardInterrupt:
+                    self._abort_confirmations()
+                    self._confirmer.shutdown(wait=True, cancel_futures=True)
+                    raise
+        finally:
+            self._confirmer = None
+            self._confirming.clear()
+            self._confirm_error = None
+            self._confirm_aborted = False
 
     def _keep(self, f: CampaignFinding, on_finding) -> None:
         with self._lock:
@@ -865,7 +864,7 @@ class Campaign:
                     self.stats.rounds += 1
                     self.stats.compiles = self._compiles() - compiles0
                     for f in sorted(found, key=lambda x: x.signature):
-                        if f.signature not in self.unconfirmed:
+                        if self._confirmed(f.signature):
                             self._keep(self._confirmed_t(f), on_finding)
                     for sig in rs.new:  # kept (or cut short): no longer this round's
                         self._owner.pop(sig, None)
