@@ -492,7 +492,8 @@ def test_a_spare_worker_is_fresh_and_started_before_it_is_needed(tmp_path):
         assert w.reproduces("launch", MARKED, always.signature()) is True
         assert w.pid == pid
         first, second = w.confirmations
-        # the spare after it was started before its check (which slept 0.5 s), not after
+        # the spare after it was started before its check (which slept 0.5 s), not after: 0.25 s, half that sleep,
+        # tells the two apart
         assert w._spare._spawned_at - t0 < second["wait_s"] + 0.25 < second["wait_s"] + second["check_s"]
         assert first["spare"] and second["spare"] and first["wait_s"] < first["ready_s"]
         assert first["check_s"] > 0 and second["ready_s"] > 0
@@ -808,7 +809,7 @@ def test_a_confirmation_runs_beside_the_shrink(tmp_path):
                  launch_timeout_s=60.0, pipeline=1, spare_worker=True, record_path=record, shrink_grace_s=20.0)
     told = []
     c.run(examples=200, on_first=lambda sig, prop, case, found, t, n: told.append((sig, t, c.stats.examples)))
-    (sig, t_told, examples_told), = told
+    (sig, t_told, _), = told
     (f,) = c.findings.values()
     assert f.signature == sig == "launch [H*] raised ValueError: a late cache base" and f.shrunk
     assert f.first_t == t_told
@@ -816,7 +817,7 @@ def test_a_confirmation_runs_beside_the_shrink(tmp_path):
     t_fail = next(x["t"] for x in lines if sig in x["signatures"])
     assert t_told - t_fail >= slow_s  # the confirmation's process slept on its first launch
     during = [x for x in lines if t_fail < x["t"] < t_told]
-    assert len(during) >= 5 and examples_told > lines.index(next(x for x in lines if sig in x["signatures"])) + 5
+    assert len(during) >= 5  # the shrink went on meanwhile (the inline confirmation checked 0)
     (conf,) = c.confirmations()
     assert conf["spare"] and conf["check_s"] >= slow_s
     assert c._confirmer is None and not c._confirming and c._worker._spare is None  # nothing left running

@@ -555,8 +555,21 @@ class Campaign:
                     raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
 
         rs = self._rs
+
+        def run_body():
+            # the round's failures are read below from self._first, which their confirmations set: wait for those
+            # still running first (a KeyboardInterrupt is run()'s: it waits itself, and files only what was repeated)
+            try:
+                body()
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                self._settle(list(rs.new))
+                raise
+            self._settle(list(rs.new))
+
         try:
-            body()
+            run_body()
         except BudgetSpent:
             self._end_grace()
             return self._cut_short(prop, {})
@@ -697,16 +710,6 @@ class Campaign:
                 raise
 
         self._confirming[sig] = self._confirmer.submit(confirm)
-
-    def _confirmed_t(self, f: CampaignFinding) -> CampaignFinding:
-        """f with its first time as the confirmation set it (a round cut short while the confirmation ran made f with
-        the first failing example's time): the seconds at which the failure was first seen and repeated in a fresh
-        process, as when the confirmation held the round."""
-        t = self._first[f.signature][0]
-        if f.first_t is not None and t > f.first_t:
-            f.shrink_s = max(0.0, (f.shrink_s or 0.0) - (t - f.first_t))
-            f.first_t = t
-        return f
 
     def _settle(self, sigs, quiet: bool = False) -> None:
         """Wait for the confirmations of these signatures still running (not holding self._lock: they take it).
@@ -857,7 +860,6 @@ class Campaign:
                 self._tls.round = rs = _RoundState()
                 t0 = self.stats.elapsed
                 found = self._round(prop, self.seed * 1_000_003 + i, on_example, on_first, n=size)
-                self._settle([f.signature for f in found])
                 with self._lock:
                     if prop.name in self.stats.per_property:
                         self.stats.per_property[prop.name]["seconds"] += self.stats.elapsed - t0
@@ -865,7 +867,7 @@ class Campaign:
                     self.stats.compiles = self._compiles() - compiles0
                     for f in sorted(found, key=lambda x: x.signature):
                         if self._confirmed(f.signature):
-                            self._keep(self._confirmed_t(f), on_finding)
+                            self._keep(f, on_finding)
                     for sig in rs.new:  # kept (or cut short): no longer this round's
                         self._owner.pop(sig, None)
                     if self.stop_on_finding and self.findings:

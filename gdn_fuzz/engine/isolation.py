@@ -858,6 +858,7 @@ class Worker:
         t0 = time.monotonic()
         w = self._take_spare() or self._fresh()
         had_spare = w._proc is not None
+        w.spawn()  # the spare's process is there already; a fresh Worker's starts now
         self._repro_proc = w._proc
         if self.spare and self._proc is not None:
             # the next confirmation's process starts now, beside this one: a process's start and its oracle's compile
@@ -867,7 +868,6 @@ class Worker:
         w.timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             w.start()
-            self._repro_proc = w._proc
             t_ready = time.monotonic()
             found = w.check(prop, case)
         finally:
