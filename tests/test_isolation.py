@@ -304,3 +304,29 @@ def test_worker_records_where_its_start_went(tmp_path):
         assert w.check("launch", ok) == [] and len(w.startups) == 2 and "first_check_s" in w.startups[1]
     finally:
         w.close()
+
+
+def test_checks_sent_ahead_are_answered_in_order_and_a_crash_is_the_oldest_cases(tmp_path):
+    """Worker.submit/collect (deferred verdicts, issue 32): answers come back oldest first, each with its own case; a
+    crash is the case the worker was running (the oldest unanswered, saved in flight), and the case sent after it,
+    which never ran, is sent again to the fresh worker and answered.  Worker.check() refuses to jump the queue."""
+    w = Worker("mutant:worker_crash", "cpu", inflight_dir=tmp_path, name="q")
+    try:
+        ok1 = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
+        ok2 = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(1, 5, 2),), seed=2)
+        boom = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 16, 5),), seed=1)
+        for c in (ok1, boom, ok2):
+            w.submit("launch", c)
+        assert w.pending == 3
+        with pytest.raises(RuntimeError, match="collect"):
+            w.check("launch", ok1)
+        assert w.collect() == ("launch", ok1, [])
+        prop, case, (f,) = w.collect()
+        assert case == boom and f.prop == "crash" and "SIGSEGV" in f.message
+        assert Case.from_dict(json.loads(w.inflight_path.read_text())["case"]) == boom
+        assert w.collect() == ("launch", ok2, []) and w.restarts == 1 and w.pending == 0
+        with pytest.raises(RuntimeError, match="submit"):
+            w.collect()
+        assert w.check("launch", ok1) == []  # the plain check again, nothing queued
+    finally:
+        w.close()

@@ -26,6 +26,11 @@ Robustness of the fuzzer itself:
                 in-flight file that cannot be written raises SetupError (exit 2).
   files         in-flight files are per process; without inflight_dir a private temporary
                 directory is used and removed by close().
+  sent ahead    submit() sends a check without waiting and collect() takes the answers, oldest
+                first: the worker checks one case at a time, so the next case can be on its way
+                (and the campaign drawing the one after) while this one runs.  A crash or a hang is
+                the oldest unanswered case's; the cases sent after it never ran, and are sent
+                again to the fresh worker.
 
 Workers are started by a forkserver that has imported torch and gdn_fuzz but never touched
 CUDA, so a restart costs a fork, not a fresh interpreter (the target module and its JIT
@@ -47,6 +52,7 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from gdn_fuzz.arms import ARM_NAMES
@@ -359,6 +365,17 @@ def _env_max_rss_mb() -> float:
     return val
 
 
+@dataclass
+class _Sent:
+    """A check for the worker: its in-flight file's text, and when it was sent to the live process (None: not yet,
+    or again after that process ended)."""
+
+    prop: str
+    case: Case
+    text: str
+    sent_at: float | None = None
+
+
 class Worker:
     """One isolated worker for a target on a device; restarts itself after a crash or a hang.
 
@@ -446,6 +463,10 @@ class Worker:
         self._checks_in_worker = 0
         self._busy = False  # a check was sent and not answered
         self._last_finished = True
+        # checks submitted and not collected, oldest first; the ones sent to the live process come first (_stop
+        # marks them unsent: that process will not answer them)
+        self._queue: collections.deque[_Sent] = collections.deque()
+        self._answered_at = 0.0  # when the last answer came: the next check sent ahead started no earlier
 
     # ---------------------------------------------------------------- state
 
@@ -566,6 +587,8 @@ class Worker:
         proc, conn = self._proc, self._conn
         self._proc, self._conn = None, None
         self._ready = False
+        for q in self._queue:  # that process answers none of them: sent again to the next one
+            q.sent_at = None
         if proc is None:
             return
         if not (kill or self._busy):
@@ -592,6 +615,7 @@ class Worker:
         sp = self._take_spare()
         if sp is not None:
             sp.close()
+        self._queue.clear()  # submitted and never collected: not checked
         self._stop(kill=self._busy)
         if self._last_finished:
             self.inflight_path.unlink(missing_ok=True)
@@ -695,11 +719,37 @@ class Worker:
 
         Under MPS (mps_pipe) a crash or a hang may be another client's fault delivered to this one, and a worker
         that cannot start may meet a server that refuses clients after such a fault: either way this Worker leaves
-        MPS for good and the case is checked again in a process of its own context, whose findings are returned."""
+        MPS for good and the case is checked again in a process of its own CUDA context, whose findings are returned."""
+        return self._mps_guarded(prop, case, lambda: self._check_once(prop, case))
+
+    def submit(self, prop: str, case: Case) -> None:
+        """Send a check of property `prop` on `case` to the worker without waiting for its answer; collect() returns
+        the answers, oldest first.  The worker checks one case at a time: a case submitted while another runs waits
+        in the pipe, so that the worker starts it the moment it answers the one before, while the caller draws the
+        next.  Raises SetupError as check() does (a worker that cannot start)."""
+        self._queue.append(_Sent(prop, case, self._text(prop, case)))
+        self._send_queued()
+
+    @property
+    def pending(self) -> int:
+        """Checks submitted and not collected yet."""
+        return len(self._queue)
+
+    def collect(self) -> tuple[str, Case, list[Finding]]:
+        """(prop, case, findings) of the oldest check submitted and not collected, waiting for its answer; the
+        findings are check()'s for that case (under MPS as well).  A crash or a hang is that case's: the cases
+        submitted after it did not run, and go to the fresh worker."""
+        if not self._queue:
+            raise RuntimeError("Worker.collect(): no check was submitted (submit() one first)")
+        p = self._queue.popleft()
+        return p.prop, p.case, self._mps_guarded(p.prop, p.case, lambda: self._answer(p))
+
+    def _mps_guarded(self, prop: str, case: Case, run) -> list[Finding]:
+        """check()'s MPS rule around `run` (the check of `case`)."""
         if self.mps_pipe is None:
-            return self._check_once(prop, case)
+            return run()
         try:
-            found = self._check_once(prop, case)
+            found = run()
         except SetupError as e:  # a real setup error raises again without MPS
             return self._off_mps(prop, case, f"setup: {_first_line(str(e), 200)}")
         bad = sorted({f.outcome for f in found if f.prop in ("crash", "hang")})
@@ -734,21 +784,57 @@ class Worker:
         sp.close()
         return True
 
-    def _check_once(self, prop: str, case: Case) -> list[Finding]:
-        self.start()
+    def _text(self, prop: str, case: Case) -> str:
         # the worker writes it before the launch and removes it when it answers (write_atomic): the
         # campaign process makes no file call per check, each of which gives the interpreter lock to a
         # round drawing beside it (rounds at once) and waits to get it back (benchmarks/roundtrip.py)
-        self._inflight_text = json.dumps(dict(property=prop, target=self.target_name, case=case.to_dict()))
-        self._last_finished = False
+        return json.dumps(dict(property=prop, target=self.target_name, case=case.to_dict()))
+
+    def _send(self, p: _Sent) -> bool:
+        """Send p to the live process; False when its pipe is closed (the process is gone)."""
         try:
-            self._conn.send((prop, self._inflight_text, str(self.inflight_path)))
+            self._conn.send((p.prop, p.text, str(self.inflight_path)))
         except (BrokenPipeError, OSError):
-            self._proc.join(timeout=5)
-            words, outcome = self._exit_words(self._proc)
-            return self._died(prop, words, outcome)
+            return False
+        p.sent_at = time.monotonic()
         self._busy = True
-        t0 = time.monotonic()
+        return True
+
+    def _send_queued(self, may_start: bool = True) -> None:
+        """Send the submitted checks not sent yet, in order.  The process is started (again) only when no check sent
+        to it is unanswered (and may_start: _answer, whose own check is out of the queue, says no): a process that
+        died with one is found out when that one's answer is collected."""
+        if not any(q.sent_at is None for q in self._queue):
+            return
+        if may_start and not any(q.sent_at is not None for q in self._queue):
+            self.start()
+        if self._conn is None:
+            return
+        for q in self._queue:
+            if q.sent_at is None and not self._send(q):
+                return
+
+    def _check_once(self, prop: str, case: Case) -> list[Finding]:
+        if any(q.sent_at is not None for q in self._queue):
+            raise RuntimeError("Worker.check() while submitted checks are unanswered: collect() them first")
+        return self._answer(_Sent(prop, case, self._text(prop, case)))
+
+    def _answer(self, p: _Sent) -> list[Finding]:
+        """The findings of check p, taken out of the queue (or never in it: check()): sent first if it was not, with
+        the queued checks after it; then its answer waited for."""
+        prop = p.prop
+        if p.sent_at is None:
+            self.start()
+            if not self._send(p):
+                self._inflight_text, self._last_finished = p.text, False
+                self._proc.join(timeout=5)
+                words, outcome = self._exit_words(self._proc)
+                return self._died(prop, words, outcome)
+        self._inflight_text = p.text
+        self._last_finished = False
+        self._send_queued(may_start=False)
+        # the worker starts p once it has answered the check before it (sent ahead: submit), not when p was sent
+        t0 = max(p.sent_at, self._answered_at)
         deadline = t0 + self.timeout_s
         paused_at, paused_s = None, 0.0  # the check waits for the oracle's compile (worker's thread): not timed
         while True:
@@ -767,8 +853,9 @@ class Worker:
                         paused_s += now - paused_at
                         deadline, paused_at = now + deadline_left, None
                     continue
-                dt = time.monotonic() - t0 - paused_s
-                self._busy = False
+                self._answered_at = time.monotonic()
+                dt = self._answered_at - t0 - paused_s
+                self._busy = any(q.sent_at is not None for q in self._queue)
                 self.compiles = self._compiles_before + compiles
                 if kind == "inflight":  # the worker could not write the in-flight file: nothing was launched
                     self._last_finished = True
