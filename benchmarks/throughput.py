@@ -366,6 +366,7 @@ def _tally(recs: list[dict], n: int, threads: int, codes: list, base) -> dict:
                 per_process=[r["launches"] for r in recs], launches_per_30s=per30,
                 warmup_s=[round(r["warmup_s"], 1) for r in recs], ratio_to_first=per30 / base if base else 1.0,
                 ratio_to_anchor=per30 / ANCHOR_PER_30S, pipeline=[r.get("pipeline") for r in recs],
+                defer_verdicts=[r.get("defer_verdicts") for r in recs],
                 seeds_per_example=[r.get("seeds_per_example") for r in recs],
                 structures=[r.get("structures") for r in recs])
 

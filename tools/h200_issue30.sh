@@ -138,7 +138,8 @@ for step in "$@"; do
     firstfind)
       # issue 32: seconds to the first finding on an edited kernel with a fresh machine's caches (an empty Triton
       # cache and kernel store for each run), the product command (bf16, default processes and --shrink-grace).
-      # FIRST_TREES: base (BASE_TAR), new (this tree), nospare (this tree, GDN_FUZZ_SPARE_WORKER=off); their
+      # FIRST_TREES: base (BASE_TAR), new (this tree), nospare (this tree, GDN_FUZZ_SPARE_WORKER=off), defer (this
+      # tree, GDN_FUZZ_DEFER_VERDICTS=on); their
       # order is reversed for every second mutant, so that neither tree always runs first; FIRST_TAG goes into the
       # log names (repeated runs in one call)
       need_bundle
@@ -152,9 +153,10 @@ for step in "$@"; do
           dir=$PWD; pp=$PYTHONPATH; spare=auto
           [ "$tree" = base ] && { dir=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base; }
           [ "$tree" = nospare ] && spare=off
+          dv=off; [ "$tree" = defer ] && dv=on
           s1=$(date +%s)
           (cd "$dir" && PYTHONPATH=$pp TRITON_CACHE_DIR=$d/triton GDN_FUZZ_KERNEL_STORE=$d/kernels \
-            GDN_FUZZ_SPARE_WORKER=$spare timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
+            GDN_FUZZ_SPARE_WORKER=$spare GDN_FUZZ_DEFER_VERDICTS=$dv timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
             --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m.json") \
             > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
@@ -268,7 +270,8 @@ PY
       # issue 32: the product command (bf16) with one round at a time against rounds at once (--pipeline), each
       # run's per-example record and the GPU's utilization; PIPE_RUNS: "PIPELINE:POOLSCALES:PROCESSES[:TAG[:K]] ..."
       # (K: value seeds per drawn structure, --seeds-per-example; empty: the command's default)
-      # a TAG starting with "base" runs the base tree (BASE_TAR, unpacked to /tmp/base) in that slot
+      # a TAG starting with "base" runs the base tree (BASE_TAR, unpacked to /tmp/base) in that slot; a TAG containing
+      # "defer" runs with deferred verdicts (GDN_FUZZ_DEFER_VERDICTS=on; PIPELINE must be 1 or auto)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
@@ -285,7 +288,9 @@ PY
         fi
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
-        (cd "$tree" && PYTHONPATH=$pp timeout 300 python3 benchmarks/throughput.py --target production --device cuda \
+        dv=off; [[ "$tag" == *defer* ]] && dv=on
+        (cd "$tree" && PYTHONPATH=$pp GDN_FUZZ_DEFER_VERDICTS=$dv timeout 300 python3 benchmarks/throughput.py \
+          --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
           --json "$R/$name.json") > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; kill $smi 2>/dev/null; tail -n 1 "$R/$name.txt" | cut -c1-200; unset GDN_STACKS_DIR
@@ -305,7 +310,8 @@ PY
           nvidia-cuda-mps-control -d >> "$R/$name-mps.txt" 2>&1; echo "mps daemon rc=$?" >> "$R/$name-mps.txt"
         fi
         samplers_start "$name"
-        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
+        dv=off; [[ "$tag" == *defer* ]] && dv=on
+        GDN_FUZZ_DEFER_VERDICTS=$dv timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
           --product "${PRODUCT_S:-30}" --processes "$np" --json "$R/$name.json" > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-200
         if [ "$mode" = on ]; then
@@ -317,7 +323,8 @@ PY
     g32fleet)
       # issue 32: the product command itself (`gdn-fuzz run --processes N`, one fleet: benchmarks/throughput.py
       # --product --fleet), bf16, launch, default pool scales, with its own MPS decision (--mps MODE); the GPU's
-      # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..."
+      # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..." (a TAG
+      # containing "defer": deferred verdicts, GDN_FUZZ_DEFER_VERDICTS=on)
       need_bundle
       mps_env "$step"
       i=0

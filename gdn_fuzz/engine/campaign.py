@@ -52,6 +52,7 @@ import random
 import sys
 import threading
 import time
+import collections
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
@@ -108,6 +109,30 @@ def parse_pipeline(spec) -> int | None:
     """--pipeline: None or 'auto' -> None (pipeline_default), 'N' (1 <= N <= MAX_PIPELINE) -> N.  Raises ValueError,
     one line naming the option, the value and the fix."""
     return environment.count_or_auto(spec, "--pipeline", "GDN_FUZZ_PIPELINE", "the rounds to run at once", MAX_PIPELINE)
+
+
+DEFER_ENV = "GDN_FUZZ_DEFER_VERDICTS"
+
+
+def defer_default(isolate: bool) -> bool:
+    """Does an isolated campaign defer its verdicts (Campaign.defer) when not told ($GDN_FUZZ_DEFER_VERDICTS)?
+    off (default): each example waits for its check; on: isolated campaigns send each case ahead and read its
+    verdict one example later (never without isolation).  Off by default until it is measured on a GPU."""
+    which = environment.choice(DEFER_ENV, ("off", "on"), "off: each example waits for its check; on: deferred "
+                               "verdicts in isolated campaigns")
+    return isolate and which == "on"
+
+
+def parse_defer(spec) -> bool | None:
+    """--defer-verdicts: None -> None (defer_default), 'on' -> True, 'off' -> False.  Raises ValueError, one line
+    naming the option, the value and the fix."""
+    if spec is None:
+        return None
+    val = str(spec).strip().lower()
+    if val not in ("on", "off"):
+        raise ValueError(f"--defer-verdicts={spec!r}: give on or off (on: each case goes to the worker without "
+                         f"waiting for its verdict; default ${DEFER_ENV}, else off)")
+    return val == "on"
 
 
 SPARE_ENV = "GDN_FUZZ_SPARE_WORKER"
@@ -173,6 +198,16 @@ class BudgetSpent(BaseException):
     """Raised from the test body once the budget is spent.  Not an Exception, so Hypothesis does
     not take it for a failure: it ends the run at once (like an interrupt raised from the test
     itself), and the round reports each new failure's best case so far."""
+
+
+class DeferredFailure(BaseException):
+    """Raised from a round's deferred pass when a verdict read one example late is a new failure: like BudgetSpent it
+    ends the Hypothesis run at once, and the round is run again to shrink it (Campaign._deferred_pass)."""
+
+
+# deferred verdicts: cases the worker holds beyond the one it runs.  One is enough for the worker never to wait for
+# the next case (the draw of the case after it overlaps the check), and it is what a crash or a stop costs again.
+DEFER_DEPTH = 1
 
 
 class PropertyFailed(AssertionError):
@@ -321,6 +356,9 @@ class Campaign:
     mps_pipe: str | None = None
     # rounds run at once, each Hypothesis run on its own thread (run()'s docstring); None: pipeline_default
     pipeline: int | None = None
+    # isolated: deferred verdicts (_deferred_pass): each case goes to the worker without waiting for its answer,
+    # which the round reads one example later; None: $GDN_FUZZ_DEFER_VERDICTS (defer_default)
+    defer: bool | None = None
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -333,8 +371,16 @@ class Campaign:
         k = self.seeds_per_example
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
+        if self.defer is None:
+            self.defer = defer_default(self.isolate)
+        if self.defer and not self.isolate:
+            raise ValueError("defer=True: deferred verdicts need an isolated campaign (isolate=True: the worker "
+                             "process checks while this one draws); give isolate=True, or defer=False")
         if self.pipeline is None:
-            self.pipeline = pipeline_default(self.device, self.isolate)
+            self.pipeline = 1 if self.defer else pipeline_default(self.device, self.isolate)
+        if self.defer and self.pipeline != 1:
+            raise ValueError(f"pipeline={self.pipeline!r} with defer=True: deferred verdicts run one round at a time "
+                             "(one thread draws while the worker checks); give pipeline=1, or defer=False")
         d = self.pipeline
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_PIPELINE:
             raise ValueError(f"pipeline={self.pipeline!r}: give an int in [1, {MAX_PIPELINE}] (rounds at once; 1: one "
@@ -371,6 +417,7 @@ class Campaign:
         self._confirm_error: BaseException | None = None  # what a confirmation raised, for the rounds to raise
         self._confirm_aborted = False  # a second Ctrl-C ended the confirmations: their answers are not taken
         self._repeated: set = set()  # signatures a fresh process repeated
+        self._sent: collections.deque = collections.deque()  # deferred: (prop, examples before) of each case sent
         _constants_scan()
         if self.isolate:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
@@ -446,14 +493,18 @@ class Campaign:
 
     def _check(self, prop: Property, case: Case):
         if self._worker is not None:
-            if self.launch_timeout_s is not None:
-                self._worker.timeout_s = self.launch_timeout_s
-            else:
-                # a hang is called after 20 x the slowest check so far, never past the budget (floor 30 s)
-                seconds = None if self._deadline is None else self._deadline[0]
-                self._worker.auto_timeout(None if seconds is None else max(seconds - self.stats.elapsed, 0.0))
+            self._set_timeout()
             return self._worker.check(prop.name, case)
         return prop.check(self.target, case, self.device)
+
+    def _set_timeout(self) -> None:
+        """The isolated worker's hang timeout for the next check."""
+        if self.launch_timeout_s is not None:
+            self._worker.timeout_s = self.launch_timeout_s
+        else:
+            # a hang is called after 20 x the slowest check so far, never past the budget (floor 30 s)
+            seconds = None if self._deadline is None else self._deadline[0]
+            self._worker.auto_timeout(None if seconds is None else max(seconds - self.stats.elapsed, 0.0))
 
     def _record(self, f: "CampaignFinding") -> None:
         if self.corpus_dir is None:
@@ -537,24 +588,38 @@ class Campaign:
         round_started = self.stats.elapsed
         k = self.seeds_per_example if prop.reseed else 1
 
-        @hseed(round_seed)
-        @settings(max_examples=n or self.round_examples, deadline=None, database=None, phases=phases,
-                  report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(strat)
-        def body(case):
-            for i in range(k):  # value seeds of this structure: case.seed, then value_seed(case.seed, i)
-                if self._stop_requested:
-                    raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
-                if self.budget_spent() and not self._in_grace():
-                    raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
-                if i == 0:
-                    self.stats.structures += 1
-                c = case if i == 0 else dataclasses.replace(case, seed=value_seed(case.seed, i))
-                exc = self._example(prop, c, on_example, on_first)
-                if exc is not None:
-                    raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
+        memo: dict = {}  # deferred verdicts: case -> (signature, findings) of a failure, or None, of its check
+
+        def hypothesis_run(check_one, replay: bool = True):
+            """The round's Hypothesis run; check_one(prop, case) checks one case: the failure to raise, or None.
+            replay: a case the deferred pass checked is not checked again (memo)."""
+
+            @hseed(round_seed)
+            @settings(max_examples=n or self.round_examples, deadline=None, database=None, phases=phases,
+                      report_multiple_bugs=True, suppress_health_check=list(HealthCheck), print_blob=False)
+            @given(strat)
+            def body(case):
+                for i in range(k):  # value seeds of this structure: case.seed, then value_seed(case.seed, i)
+                    if self._stop_requested:
+                        raise KeyboardInterrupt  # a Ctrl-C noted by run()'s handler, raised where Hypothesis expects it
+                    if self.budget_spent() and not self._in_grace():
+                        raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
+                    c = case if i == 0 else dataclasses.replace(case, seed=value_seed(case.seed, i))
+                    if replay and c in memo:  # checked in the round's deferred pass: its verdict, not a new example
+                        exc = self._remembered(c, memo[c])
+                    else:
+                        if i == 0:
+                            self.stats.structures += 1
+                        exc = check_one(prop, c)
+                    if exc is not None:
+                        raise exc  # the failing seed's case: Hypothesis shrinks the structure, same K seeds
+
+            return body
 
         rs = self._rs
+        body = hypothesis_run(lambda p, c: self._example(p, c, on_example, on_first))
+        if self.defer and not self._deferred_pass(hypothesis_run, memo, on_example, on_first):
+            return self._cut_short(prop, {})  # nothing failed ([]), or a stop or the budget came before any did
 
         def run_body():
             # the round's failures are read below from self._first, which their confirmations set: wait for those
@@ -568,6 +633,67 @@ class Campaign:
                 raise
             self._settle(list(rs.new))
 
+        if self.defer:  # a rerun from the deferred pass: a failure it did not reach is filed as it was seen
+            return self._with_unreached(prop, self._rerun_result(prop, run_body, round_started))
+        return self._rerun_result(prop, run_body, round_started)
+
+    def _deferred_pass(self, hypothesis_run, memo: dict, on_example, on_first) -> bool:
+        """Deferred verdicts (self.defer): the round's Hypothesis run with every check sent ahead, so that Hypothesis
+        draws the next case while the worker checks this one; each case's verdict is read one example later (the
+        worker holds at most DEFER_DEPTH cases beyond the one it runs) and kept in `memo`.  Hypothesis needs a
+        failure in the example that drew it, to shrink it, so the first new failure ends this pass, the cases still
+        in the worker are answered, and the round is run again from its seed (True): Hypothesis draws the same
+        cases, the memo gives their verdicts without a check, and the failure is shrunk as in a round without
+        deferral (its confirmation already running).  False: nothing failed, or a stop or the budget came first."""
+        failed = False
+
+        def remember(case: Case, exc: PropertyFailed | None) -> None:
+            nonlocal failed
+            memo[case] = None if exc is None else (exc.signature, list(exc.findings))
+            failed = failed or exc is not None
+
+        def send(prop: Property, case: Case) -> None:
+            self._submit(prop, case, on_example)
+            while self._worker.pending > DEFER_DEPTH:
+                remember(*self._collect(on_first))
+                if failed:
+                    raise DeferredFailure
+            return None
+
+        try:
+            hypothesis_run(send, replay=False)()
+        except DeferredFailure:
+            pass
+        except BudgetSpent:
+            pass
+        finally:  # the cases still in the worker are answered (a stop's too: a first Ctrl-C waits for its check)
+            while self._sent:
+                remember(*self._collect(on_first))
+        return failed
+
+    def _remembered(self, case: Case, verdict) -> PropertyFailed | None:
+        """The failure to raise again for a case the deferred pass checked (None: it passed, or its signature was
+        not repeated by a fresh process since)."""
+        if verdict is None or verdict[0] in self.unconfirmed:
+            return None
+        sig, found = verdict
+        return failure_class(sig)(case, list(found), sig)
+
+    def _with_unreached(self, prop: Property, out: list) -> list[CampaignFinding]:
+        """A rerun's findings, and each failure first seen in the round's deferred pass that the rerun did not reach
+        (a case sent after the first failure) as it was seen, shrunk=False, as a budget's end files it."""
+        got = {f.signature for f in out}
+        for sig in self._rs.new:
+            if sig not in got:
+                t, n, _ = self._first[sig]
+                pname, case, found = self._best[sig]
+                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
+                                           shrink_s=self.stats.elapsed - t, shrunk=False))
+        return out
+
+    def _rerun_result(self, prop: Property, run_body, round_started: float) -> list[CampaignFinding]:
+        """Run a round's Hypothesis run (run_body) and read its findings."""
+        rs = self._rs
         try:
             run_body()
         except BudgetSpent:
@@ -623,7 +749,17 @@ class Campaign:
         """Check one case; the failure to raise (for its first new signature) or None.  With rounds at once
         (pipeline > 1) the bookkeeping and the callbacks hold self._lock and the check holds self._check_lock (the
         worker checks one case at a time): a round's check overlaps the other rounds' Hypothesis draws."""
-        rs = self._rs
+        n_before = self._count(prop, on_example)
+        with self._check_lock:
+            self._on_check(prop.name, case)
+            t_check = time.monotonic()
+            found = self._check(prop, case)
+            check_s = time.monotonic() - t_check
+            worker_s = None if self._worker is None else self._worker.last_worker_s
+        return self._verdict(prop, case, found, check_s, worker_s, n_before, on_first)
+
+    def _count(self, prop: Property, on_example) -> int:
+        """An example is about to be checked: counted (and on_example called); the examples before it."""
         if self._confirm_error is not None:
             raise self._confirm_error
         with self._lock:
@@ -632,12 +768,34 @@ class Campaign:
             self.stats.examples += 1
             self.stats.launches += 1
             on_example()
+        return n_before
+
+    def _submit(self, prop: Property, case: Case, on_example) -> None:
+        """Deferred verdicts: send one case to the worker without waiting for its answer (_collect takes it)."""
+        n_before = self._count(prop, on_example)
         with self._check_lock:
             self._on_check(prop.name, case)
-            t_check = time.monotonic()
-            found = self._check(prop, case)
-            check_s = time.monotonic() - t_check
-            worker_s = None if self._worker is None else self._worker.last_worker_s
+            self._set_timeout()
+            self._worker.submit(prop.name, case)
+            self._sent.append((prop, n_before))
+
+    def _collect(self, on_first) -> tuple[Case, PropertyFailed | None]:
+        """Deferred verdicts: the oldest case sent and what its check gives (_verdict); its check_s in the record is
+        the time this process waited for the answer."""
+        with self._check_lock:
+            prop, n_before = self._sent.popleft()
+            t0 = time.monotonic()
+            _, case, found = self._worker.collect()
+            check_s = time.monotonic() - t0
+            worker_s = self._worker.last_worker_s
+        return case, self._verdict(prop, case, found, check_s, worker_s, n_before, on_first)
+
+    def _verdict(self, prop: Property, case: Case, found, check_s: float, worker_s: float | None, n_before: int,
+                 on_first) -> PropertyFailed | None:
+        """What one check of `case` gave (`found`), taken into the campaign's books: known and repeated signatures
+        counted, the record written, a new signature's first sighting noted (and confirmed: _confirm_later).  The
+        failure to raise (its first new signature), or None."""
+        rs = self._rs
         with self._lock:
             known_sigs = self.known_for(case)
             known, new = self.classify(found, case, known_sigs)
@@ -649,7 +807,7 @@ class Campaign:
                     self.repeats[sig] += 1
             if self._records is not None:
                 self._records.write(json.dumps(dict(
-                    i=self.stats.examples, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5),
+                    i=n_before + 1, t=round(self.stats.elapsed, 3), check_s=round(check_s, 5),
                     **({} if worker_s is None else dict(worker_s=round(worker_s, 5))), prop=prop.name,
                     **case.record_fields(), metrics=getattr(found, "metrics", None), failed=[f.prop for f in found],
                     signatures=sorted({f.signature() for f in found}),
@@ -946,6 +1104,7 @@ class Campaign:
     def close(self) -> None:
         """Stop the isolated worker (a later check starts a fresh one) and flush the record file.
         run() does this when it ends; a caller whose warm_up() was interrupted does it itself."""
+        self._sent.clear()  # deferred verdicts: cases a stop left in the worker, never read
         if self._worker is not None:
             self._worker.close()
         if self._records is not None:

@@ -50,7 +50,7 @@ from gdn_fuzz.prefix_case import load_case
 from gdn_fuzz.findings import group_findings, groups_line, groups_record
 from gdn_fuzz.engine import corpus
 from gdn_fuzz.engine.exits import EXIT_INTERRUPTED, EXIT_KNOWN_ONLY, EXIT_NEW, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
-from gdn_fuzz.engine.campaign import parse_pipeline
+from gdn_fuzz.engine.campaign import parse_defer, parse_pipeline
 from gdn_fuzz.engine.worker import WorkerSpec
 from gdn_fuzz.properties import REGISTRY, for_kernel
 from gdn_fuzz.targets import kernel_of
@@ -98,6 +98,7 @@ def plan(args, *, target_name: str, device: str, labels: list[str], gpus: list |
                        torch_threads=torch_threads or g(args, "torch_threads", None), draws=g(args, "draws", "auto"),
                        seeds_per_example=int(g(args, "seeds_per_example", 1)), warm_up=g(args, "warm_up", False),
                        shrink_grace=float(g(args, "shrink_grace", 0.0)), pipeline=parse_pipeline(g(args, "pipeline", None)),
+                       defer=parse_defer(g(args, "defer_verdicts", None)),
                        fail_on_known=g(args, "fail_on_known", False), known=dict(known or {}),
                        record=bool(g(args, "record", None)), slot=k, gpu=None if gpus is None else gpus[k])
             for k, (label, (a, p)) in enumerate(zip(labels, shares))]

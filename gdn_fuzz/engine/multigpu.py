@@ -88,7 +88,7 @@ def auto_processes(device: str, gpus: int = 1, cores: int | None = None) -> int:
 HANDLED_RUN_OPTIONS = frozenset({"target", "arms", "T", "buckets", "device", "seconds", "examples", "seed", "property",
                                  "round_examples", "json", "corpus", "no_corpus", "no_isolate", "record", "warm_up",
                                  "fail_on_known", "launch_timeout", "torch_threads", "draws", "gpus", "processes",
-                                 "seeds_per_example", "pool_scales", "ray", "restarts", "shrink_grace", "pipeline",
+                                 "seeds_per_example", "pool_scales", "ray", "restarts", "shrink_grace", "pipeline", "defer_verdicts",
                                  "release", "mps"})  # release: GDN_FUZZ_RELEASE, set by cmd_run, reaches every worker's environment
 
 

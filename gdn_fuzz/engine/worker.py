@@ -87,6 +87,7 @@ class WorkerSpec:
     seeds_per_example: int = 1
     shrink_grace: float = 0.0  # Campaign.shrink_grace_s
     pipeline: int | None = None  # Campaign.pipeline (None: campaign.pipeline_default of its device)
+    defer: bool | None = None  # Campaign.defer (None: campaign.defer_default, $GDN_FUZZ_DEFER_VERDICTS)
     warm_up: bool = False
     fail_on_known: bool = False
     known: dict = field(default_factory=dict)  # signature -> corpus entry name (the driver's corpus)
@@ -132,7 +133,8 @@ def make_campaign(spec: WorkerSpec, target, *, corpus_dir=None, record=None) -> 
                     record_path=record, known=dict(spec.known), launch_timeout_s=spec.launch_timeout,
                     torch_threads=spec.torch_threads, draws=resolve_draws(spec.draws, spec.device),
                     seeds_per_example=spec.seeds_per_example, pool_scales=pool_scales,
-                    shrink_grace_s=spec.shrink_grace, pipeline=spec.pipeline, mps_pipe=spec.mps_pipe)
+                    shrink_grace_s=spec.shrink_grace, pipeline=spec.pipeline, defer=spec.defer,
+                    mps_pipe=spec.mps_pipe)
     return camp, note
 
 
@@ -151,7 +153,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 properties=[p.name for p in camp.properties], buckets=list(camp.buckets),
                 pool_scales=list(camp.pool_scales), seed=spec.seed, examples=s.examples, launches=s.launches,
                 compiles=s.compiles, structures=s.structures, seeds_per_example=spec.seeds_per_example,
-                pipeline=camp.pipeline,
+                pipeline=camp.pipeline, defer_verdicts=camp.defer,
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, confirm_wait_s=round(s.confirm_wait_s, 3),
