@@ -85,6 +85,31 @@ def test_hang_is_one_finding_after_the_settable_timeout(tmp_path):
         w.close()
 
 
+def test_a_hang_sent_ahead_is_timed_from_the_answer_before_it(tmp_path):
+    """Checks sent ahead (Worker.submit, deferred verdicts): a case's hang timer starts when the worker answered the
+    case before it (it cannot start earlier), the hang is that case's, and the case sent after it runs in the fresh
+    worker.  Before Worker.submit there was no queue to time."""
+    target = plant(tmp_path, "hang_ahead", "if marked:\n    time.sleep(10**6)\nelse:\n    time.sleep(0.5)")
+    w = Worker(target, "cpu", inflight_dir=tmp_path / "inflight", name="ha")
+    try:
+        assert w.check("launch", OK) == []  # started, compiled
+        w.timeout_s = 2.0
+        for c in (OK, MARKED, OK):
+            w.submit("launch", c)
+        t0 = time.monotonic()
+        assert w.collect() == ("launch", OK, [])
+        t_ok = time.monotonic()
+        _, case, (f,) = w.collect()
+        took = time.monotonic() - t_ok
+        assert case == MARKED and f.signature() == "hang [R*] hang", f
+        # timed from the first answer (0.5 s after the sends), not from its own send: 2 s, not 1.5 s
+        assert t_ok - t0 >= 0.4 and 1.9 <= took < 4.5, (t_ok - t0, took)
+        assert Case.from_dict(json.loads(w.inflight_path.read_text())["case"]) == MARKED
+        assert w.collect() == ("launch", OK, []) and w.restarts == 1 and w.pending == 0
+    finally:
+        w.close()
+
+
 def test_derive_timeout_rule():
     """Hangs: derive_timeout = max(floor, min(budget left, 20 x slowest measured check));
     nothing measured yet -> the first-launch allowance (600 s) capped by the budget.
