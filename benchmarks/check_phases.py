@@ -51,7 +51,7 @@ def draw_cases(target, device: str, n: int, seed: int, arms, Ts, pool_scales: tu
     from gdn_fuzz.case import draws_for
     from gdn_fuzz.properties import get_property
     from gdn_fuzz.strategies import BUCKETS, geometries_for, pool_scale_of
-    from gdn_fuzz.strategies._cases import SCALE_ODDS
+    from gdn_fuzz.strategies import SCALE_ODDS
 
     out: list = []
     kw = dict(pool_scales=tuple(pool_scales)) if pool_scales else {}

@@ -19,6 +19,7 @@ from ._cases import (  # noqa: F401
     NEEDS,
     POOL_SCALES,
     QK_SCALES,
+    SCALE_ODDS,
     STATE_SCALES,
     V_SCALES,
     buckets_for,
@@ -38,7 +39,7 @@ from ._cases import (  # noqa: F401
     switchable_hist_lens,
 )
 
-__all__ = ["BUCKETS", "CPU_BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "LARGE_BUCKETS", "NEEDS", "POOL_SCALES", "QK_SCALES", "STATE_SCALES", "V_SCALES",
+__all__ = ["BUCKETS", "CPU_BUCKETS", "CPU_GEOMETRIES", "GPU_GEOMETRIES", "LARGE_BUCKETS", "NEEDS", "POOL_SCALES", "QK_SCALES", "SCALE_ODDS", "STATE_SCALES", "V_SCALES",
            "buckets_for", "cache_bases", "case_events", "cases",
            "flush_hist_lens", "flush_mins", "geometries_for", "hist_lens", "int32_slot", "pool_scale_kind", "pool_scale_of", "pool_scales_for", "regimes", "rows_for",
            "switchable_hist_lens"]
