@@ -330,3 +330,29 @@ def test_checks_sent_ahead_are_answered_in_order_and_a_crash_is_the_oldest_cases
         assert w.check("launch", ok1) == []  # the plain check again, nothing queued
     finally:
         w.close()
+
+
+def test_a_check_that_could_not_be_sent_is_not_sent_later(tmp_path, monkeypatch):
+    """Worker.submit that raises (the worker cannot start) leaves nothing queued: the next check gets its own answer,
+    not the answer of the case that was never submitted.  Before the fix the case stayed queued, unsent, and went to
+    the worker behind the next check."""
+    from gdn_fuzz.engine.isolation import SetupError
+
+    w = Worker("reference", "cpu", inflight_dir=tmp_path, name="ns")
+    ok = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
+    other = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(1, 2, 4),), seed=5)
+    try:
+        real_start = Worker.start
+
+        def no_start(self):
+            raise SetupError("the worker cannot start (test)")
+
+        monkeypatch.setattr(Worker, "start", no_start)
+        with pytest.raises(SetupError):
+            w.submit("launch", other)
+        assert w.pending == 0
+        monkeypatch.setattr(Worker, "start", real_start)
+        w.submit("launch", ok)
+        assert w.collect() == ("launch", ok, []) and w.pending == 0
+    finally:
+        w.close()

@@ -727,8 +727,14 @@ class Worker:
         the answers, oldest first.  The worker checks one case at a time: a case submitted while another runs waits
         in the pipe, so that the worker starts it the moment it answers the one before, while the caller draws the
         next.  Raises SetupError as check() does (a worker that cannot start)."""
-        self._queue.append(_Sent(prop, case, self._text(prop, case)))
-        self._send_queued()
+        p = _Sent(prop, case, self._text(prop, case))
+        self._queue.append(p)
+        try:
+            self._send_queued()
+        except BaseException:  # not submitted (a worker that cannot start, a Ctrl-C): never sent later by mistake
+            if p.sent_at is None:
+                self._queue.remove(p)
+            raise
 
     @property
     def pending(self) -> int:
