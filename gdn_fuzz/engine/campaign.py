@@ -634,8 +634,8 @@ class Campaign:
             self._settle(list(rs.new))
 
         if self.defer:  # a rerun from the deferred pass: a failure it did not reach is filed as it was seen
-            return self._with_unreached(prop, self._rerun_result(prop, run_body, round_started))
-        return self._rerun_result(prop, run_body, round_started)
+            return self._with_unreached(prop, self._run_result(prop, run_body, round_started))
+        return self._run_result(prop, run_body, round_started)
 
     def _deferred_pass(self, hypothesis_run, memo: dict, on_example, on_first) -> bool:
         """Deferred verdicts (self.defer): the round's Hypothesis run with every check sent ahead, so that Hypothesis
@@ -691,8 +691,9 @@ class Campaign:
                                            shrink_s=self.stats.elapsed - t, shrunk=False))
         return out
 
-    def _rerun_result(self, prop: Property, run_body, round_started: float) -> list[CampaignFinding]:
-        """Run a round's Hypothesis run (run_body) and read its findings."""
+    def _run_result(self, prop: Property, run_body, round_started: float) -> list[CampaignFinding]:
+        """Run a round's Hypothesis run (run_body: the round's own, or the rerun after a deferred pass) and read its
+        findings."""
         rs = self._rs
         try:
             run_body()
