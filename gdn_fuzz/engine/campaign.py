@@ -590,9 +590,10 @@ class Campaign:
 
         memo: dict = {}  # deferred verdicts: case -> (signature, findings) of a failure, or None, of its check
 
-        def hypothesis_run(check_one, replay: bool = True):
+        def hypothesis_run(check_one, replay: dict | None = None):
             """The round's Hypothesis run; check_one(prop, case) checks one case: the failure to raise, or None.
-            replay: a case the deferred pass checked is not checked again (memo)."""
+            replay: the deferred pass's verdicts (memo), for cases not to check again (empty or None: every case is
+            checked, and no case is hashed)."""
 
             @hseed(round_seed)
             @settings(max_examples=n or self.round_examples, deadline=None, database=None, phases=phases,
@@ -605,8 +606,8 @@ class Campaign:
                     if self.budget_spent() and not self._in_grace():
                         raise BudgetSpent  # ends the Hypothesis run at once, shrinking included
                     c = case if i == 0 else dataclasses.replace(case, seed=value_seed(case.seed, i))
-                    if replay and c in memo:  # checked in the round's deferred pass: its verdict, not a new example
-                        exc = self._remembered(c, memo[c])
+                    if replay and c in replay:  # checked in the round's deferred pass: its verdict, not a new example
+                        exc = self._remembered(c, replay[c])
                     else:
                         if i == 0:
                             self.stats.structures += 1
@@ -617,9 +618,9 @@ class Campaign:
             return body
 
         rs = self._rs
-        body = hypothesis_run(lambda p, c: self._example(p, c, on_example, on_first))
         if self.defer and not self._deferred_pass(hypothesis_run, memo, on_example, on_first):
             return self._cut_short(prop, {})  # nothing failed ([]), or a stop or the budget came before any did
+        body = hypothesis_run(lambda p, c: self._example(p, c, on_example, on_first), replay=memo)
 
         def run_body():
             # the round's failures are read below from self._first, which their confirmations set: wait for those
