@@ -634,9 +634,7 @@ class Campaign:
                 raise
             self._settle(list(rs.new))
 
-        if self.defer:  # a rerun from the deferred pass: a failure it did not reach is filed as it was seen
-            return self._with_unreached(prop, self._run_result(prop, run_body, round_started))
-        return self._run_result(prop, run_body, round_started)
+        return self._with_unreached(self._run_result(prop, run_body, round_started))
 
     def _deferred_pass(self, hypothesis_run, memo: dict, on_example, on_first) -> bool:
         """Deferred verdicts (self.defer): the round's Hypothesis run with every check sent ahead, so that Hypothesis
@@ -680,17 +678,12 @@ class Campaign:
         sig, found = verdict
         return failure_class(sig)(case, list(found), sig)
 
-    def _with_unreached(self, prop: Property, out: list) -> list[CampaignFinding]:
-        """A rerun's findings, and each failure first seen in the round's deferred pass that the rerun did not reach
-        (a case sent after the first failure) as it was seen, shrunk=False, as a budget's end files it."""
+    def _with_unreached(self, out: list) -> list[CampaignFinding]:
+        """A round's findings, and each failure first seen in the round that Hypothesis did not report as it was
+        seen (_unshrunk): after a deferred pass, a failure in a case sent after the first one, which the rerun does
+        not reach."""
         got = {f.signature for f in out}
-        for sig in self._rs.new:
-            if sig not in got:
-                t, n, _ = self._first[sig]
-                pname, case, found = self._best[sig]
-                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
-                                           shrink_s=self.stats.elapsed - t, shrunk=False))
-        return out
+        return out + [self._unshrunk(sig) for sig in self._rs.new if sig not in got]
 
     def _run_result(self, prop: Property, run_body, round_started: float) -> list[CampaignFinding]:
         """Run a round's Hypothesis run (run_body: the round's own, or the rerun after a deferred pass) and read its
@@ -742,10 +735,16 @@ class Campaign:
                 out.append(CampaignFinding(prop.name, x.case, x.findings, signature=sig, first_t=t, first_examples=n,
                                            shrink_s=self.stats.elapsed - t, shrunk=self.shrink))
             else:
-                pname, case, found = self._best[sig]
-                out.append(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
-                                           shrink_s=self.stats.elapsed - t, shrunk=False))
+                out.append(self._unshrunk(sig))
         return out
+
+    def _unshrunk(self, sig: str) -> CampaignFinding:
+        """A failure as last seen (its best case so far: the latest failing example of its signature), shrunk=False:
+        what a budget's end, a stop or a rerun that did not reach it files."""
+        t, n, _ = self._first[sig]
+        pname, case, found = self._best[sig]
+        return CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
+                               shrink_s=self.stats.elapsed - t, shrunk=False)
 
     def _example(self, prop: Property, case: Case, on_example, on_first) -> PropertyFailed | None:
         """Check one case; the failure to raise (for its first new signature) or None.  With rounds at once
@@ -1045,12 +1044,9 @@ class Campaign:
                 self._settle(list(self._best), quiet=True)  # the confirmations running finish (a first Ctrl-C)
             except KeyboardInterrupt:  # a second one ended them (_settle); their failures are not filed
                 pass
-            for sig, (pname, case, found) in sorted(self._best.items()):
-                if not self._confirmed(sig):
-                    continue
-                t, n, _ = self._first[sig]
-                self._keep(CampaignFinding(pname, case, list(found), signature=sig, first_t=t, first_examples=n,
-                                           shrink_s=self.stats.elapsed - t, shrunk=False), on_finding)
+            for sig in sorted(self._best):
+                if self._confirmed(sig):
+                    self._keep(self._unshrunk(sig), on_finding)
             return self
         finally:
             restore()
