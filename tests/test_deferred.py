@@ -77,7 +77,8 @@ def test_a_case_is_sent_before_the_verdict_before_it_is_read(monkeypatch):
 
     calls = []
     submit, collect = Worker.submit, Worker.collect
-    monkeypatch.setattr(Worker, "submit", lambda self, p, c: (calls.append(("send", self.pending)), submit(self, p, c)))
+    monkeypatch.setattr(Worker, "submit", lambda self, p, c, tag=None: (calls.append(("send", self.pending)),
+                                                                 submit(self, p, c, tag)))
     monkeypatch.setattr(Worker, "collect", lambda self: (calls.append(("read", self.pending)), collect(self))[1])
     c, _ = _campaign("reference", True, props=["launch"])
     c.run(examples=12)

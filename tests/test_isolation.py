@@ -315,16 +315,16 @@ def test_checks_sent_ahead_are_answered_in_order_and_a_crash_is_the_oldest_cases
         ok1 = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 3, 0),), seed=1)
         ok2 = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(1, 5, 2),), seed=2)
         boom = Case(arm="bf16", T=4, H=1, HV=1, pool=2, rows=(Row(0, 16, 5),), seed=1)
-        for c in (ok1, boom, ok2):
-            w.submit("launch", c)
+        for i, c in enumerate((ok1, boom, ok2)):
+            w.submit("launch", c, tag=i)
         assert w.pending == 3
         with pytest.raises(RuntimeError, match="collect"):
             w.check("launch", ok1)
-        assert w.collect() == ("launch", ok1, [])
-        prop, case, (f,) = w.collect()
-        assert case == boom and f.prop == "crash" and "SIGSEGV" in f.message
+        assert w.collect() == ("launch", ok1, [], 0)
+        prop, case, (f,), tag = w.collect()
+        assert case == boom and tag == 1 and f.prop == "crash" and "SIGSEGV" in f.message
         assert Case.from_dict(json.loads(w.inflight_path.read_text())["case"]) == boom
-        assert w.collect() == ("launch", ok2, []) and w.restarts == 1 and w.pending == 0
+        assert w.collect() == ("launch", ok2, [], 2) and w.restarts == 1 and w.pending == 0
         with pytest.raises(RuntimeError, match="submit"):
             w.collect()
         assert w.check("launch", ok1) == []  # the plain check again, nothing queued
@@ -353,6 +353,6 @@ def test_a_check_that_could_not_be_sent_is_not_sent_later(tmp_path, monkeypatch)
         assert w.pending == 0
         monkeypatch.setattr(Worker, "start", real_start)
         w.submit("launch", ok)
-        assert w.collect() == ("launch", ok, []) and w.pending == 0
+        assert w.collect() == ("launch", ok, [], None) and w.pending == 0
     finally:
         w.close()

@@ -97,15 +97,18 @@ def test_a_hang_sent_ahead_is_timed_from_the_answer_before_it(tmp_path):
         for c in (OK, MARKED, OK):
             w.submit("launch", c)
         t0 = time.monotonic()
-        assert w.collect() == ("launch", OK, [])
+        assert w.collect() == ("launch", OK, [], None)
         t_ok = time.monotonic()
-        _, case, (f,) = w.collect()
+        _, case, (f,), _ = w.collect()
         took = time.monotonic() - t_ok
         assert case == MARKED and f.signature() == "hang [R*] hang", f
-        # timed from the first answer (0.5 s after the sends), not from its own send: 2 s, not 1.5 s
+        # timed from the first answer (0.5 s after the sends), not from its own send: 2 s after t_ok, not 1.5 s.
+        # Bounds: the first check sleeps 0.5 s (0.4: 0.1 s for the clocks); t_ok follows the answer by microseconds
+        # and the answer loop polls every 0.05 s, so the hang comes 2.0-2.05 s after it (1.9: 0.1 s for the clocks);
+        # 4.5 s bounds the kill and join as the test above bounds them (< 5 s for its 2 s timeout)
         assert t_ok - t0 >= 0.4 and 1.9 <= took < 4.5, (t_ok - t0, took)
         assert Case.from_dict(json.loads(w.inflight_path.read_text())["case"]) == MARKED
-        assert w.collect() == ("launch", OK, []) and w.restarts == 1 and w.pending == 0
+        assert w.collect() == ("launch", OK, [], None) and w.restarts == 1 and w.pending == 0
     finally:
         w.close()
 

@@ -52,7 +52,6 @@ import random
 import sys
 import threading
 import time
-import collections
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
@@ -417,7 +416,6 @@ class Campaign:
         self._confirm_error: BaseException | None = None  # what a confirmation raised, for the rounds to raise
         self._confirm_aborted = False  # a second Ctrl-C ended the confirmations: their answers are not taken
         self._repeated: set = set()  # signatures a fresh process repeated
-        self._sent: collections.deque = collections.deque()  # deferred: (prop, examples before) of each case sent
         _constants_scan()
         if self.isolate:
             # the case in flight is saved beside the corpus, or in a temporary folder where the corpus is not written
@@ -660,13 +658,11 @@ class Campaign:
             return None
 
         try:
-            hypothesis_run(send, replay=False)()
-        except DeferredFailure:
-            pass
-        except BudgetSpent:
+            hypothesis_run(send)()
+        except (DeferredFailure, BudgetSpent):
             pass
         finally:  # the cases still in the worker are answered (a stop's too: a first Ctrl-C waits for its check)
-            while self._sent:
+            while self._worker.pending:
                 remember(*self._collect(on_first))
         return failed
 
@@ -777,16 +773,14 @@ class Campaign:
         with self._check_lock:
             self._on_check(prop.name, case)
             self._set_timeout()
-            self._worker.submit(prop.name, case)
-            self._sent.append((prop, n_before))
+            self._worker.submit(prop.name, case, tag=(prop, n_before))
 
     def _collect(self, on_first) -> tuple[Case, PropertyFailed | None]:
         """Deferred verdicts: the oldest case sent and what its check gives (_verdict); its check_s in the record is
         the time this process waited for the answer."""
         with self._check_lock:
-            prop, n_before = self._sent.popleft()
             t0 = time.monotonic()
-            _, case, found = self._worker.collect()
+            _, case, found, (prop, n_before) = self._worker.collect()
             check_s = time.monotonic() - t0
             worker_s = self._worker.last_worker_s
         return case, self._verdict(prop, case, found, check_s, worker_s, n_before, on_first)
@@ -1102,7 +1096,6 @@ class Campaign:
     def close(self) -> None:
         """Stop the isolated worker (a later check starts a fresh one) and flush the record file.
         run() does this when it ends; a caller whose warm_up() was interrupted does it itself."""
-        self._sent.clear()  # deferred verdicts: cases a stop left in the worker, never read
         if self._worker is not None:
             self._worker.close()
         if self._records is not None:

@@ -373,6 +373,7 @@ class _Sent:
     prop: str
     case: Case
     text: str
+    tag: object = None  # the caller's, returned by collect()
     sent_at: float | None = None
 
 
@@ -722,12 +723,12 @@ class Worker:
         MPS for good and the case is checked again in a process of its own CUDA context, whose findings are returned."""
         return self._mps_guarded(prop, case, lambda: self._check_once(prop, case))
 
-    def submit(self, prop: str, case: Case) -> None:
+    def submit(self, prop: str, case: Case, tag=None) -> None:
         """Send a check of property `prop` on `case` to the worker without waiting for its answer; collect() returns
-        the answers, oldest first.  The worker checks one case at a time: a case submitted while another runs waits
+        the answers, oldest first, each with its `tag` (the caller's own, e.g. what it counted the check as).  The worker checks one case at a time: a case submitted while another runs waits
         in the pipe, so that the worker starts it the moment it answers the one before, while the caller draws the
         next.  Raises SetupError as check() does (a worker that cannot start)."""
-        p = _Sent(prop, case, self._text(prop, case))
+        p = _Sent(prop, case, self._text(prop, case), tag)
         self._queue.append(p)
         try:
             self._send_queued()
@@ -741,14 +742,14 @@ class Worker:
         """Checks submitted and not collected yet."""
         return len(self._queue)
 
-    def collect(self) -> tuple[str, Case, list[Finding]]:
-        """(prop, case, findings) of the oldest check submitted and not collected, waiting for its answer; the
+    def collect(self) -> tuple[str, Case, list[Finding], object]:
+        """(prop, case, findings, tag) of the oldest check submitted and not collected, waiting for its answer; the
         findings are check()'s for that case (under MPS as well).  A crash or a hang is that case's: the cases
         submitted after it did not run, and go to the fresh worker."""
         if not self._queue:
             raise RuntimeError("Worker.collect(): no check was submitted (submit() one first)")
         p = self._queue.popleft()
-        return p.prop, p.case, self._mps_guarded(p.prop, p.case, lambda: self._answer(p))
+        return p.prop, p.case, self._mps_guarded(p.prop, p.case, lambda: self._answer(p)), p.tag
 
     def _mps_guarded(self, prop: str, case: Case, run) -> list[Finding]:
         """check()'s MPS rule around `run` (the check of `case`)."""
