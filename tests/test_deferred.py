@@ -119,13 +119,11 @@ def test_deferred_verdicts_need_isolation_and_one_round_at_a_time(monkeypatch):
     unset, never without isolation), and on makes --pipeline auto one round at a time."""
     from gdn_fuzz.engine.campaign import defer_default, parse_defer
 
-    with pytest.raises(ValueError, match="isolate=True"):
+    with pytest.raises(ValueError, match=r"with --no-isolate \(isolate=False\)"):
         _campaign("reference", True, isolate=False)
-    with pytest.raises(ValueError, match="pipeline=2 with defer=True"):
+    with pytest.raises(ValueError, match=r"with --pipeline 2 \(pipeline=2\)"):
         _campaign("reference", True, pipeline=2)
-    assert parse_defer(None) is None and parse_defer("on") is True and parse_defer(" OFF ") is False
-    with pytest.raises(ValueError, match="--defer-verdicts='maybe'"):
-        parse_defer("maybe")
+    assert parse_defer(None) is None and parse_defer("on") is True and parse_defer("off") is False
     monkeypatch.delenv("GDN_FUZZ_DEFER_VERDICTS", raising=False)
     assert defer_default(True) is False
     monkeypatch.setenv("GDN_FUZZ_DEFER_VERDICTS", "on")
@@ -139,15 +137,24 @@ def test_deferred_verdicts_need_isolation_and_one_round_at_a_time(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--defer-verdicts", "on", "--no-isolate"], "--defer-verdicts on with --no-isolate"),
+    (["--defer-verdicts", "on", "--no-isolate"], "(--defer-verdicts on, $GDN_FUZZ_DEFER_VERDICTS=on, defer=True) "
+                                                 "with --no-isolate"),
     (["--defer-verdicts", "on", "--pipeline", "2"], "with --pipeline 2"),
-    (["--defer-verdicts", "yes"], "--defer-verdicts='yes': give on or off"),
 ])
 def test_the_cli_refuses_deferred_verdicts_it_cannot_run(argv, words, monkeypatch):
-    """A one-line usage error naming the option, the value and the fix."""
+    """A one-line usage error naming the options and the fix (the Campaign's own rule, defer_conflict)."""
     from gdn_fuzz.cli import UsageError, build_parser, validate_run_args
 
     monkeypatch.delenv("GDN_FUZZ_DEFER_VERDICTS", raising=False)
     with pytest.raises(UsageError) as e:
         validate_run_args(build_parser().parse_args(["run", *argv]))
     assert "\n" not in str(e.value) and words in str(e.value)
+
+
+def test_the_cli_takes_on_or_off(capsys):
+    """argparse refuses any other value of --defer-verdicts (exit 2, the choices named)."""
+    from gdn_fuzz.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["run", "--defer-verdicts", "yes"])
+    assert e.value.code == 2 and "invalid choice: 'yes'" in capsys.readouterr().err

@@ -15,7 +15,8 @@ from gdn_fuzz.cli.commands import help_of
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.cli.common import EXIT_KNOWN_ONLY, EXIT_OK, EXIT_USAGE, UsageError, console, parse_arms, target_device_arms
 from gdn_fuzz.engine import corpus
-from gdn_fuzz.engine.campaign import DEFAULT_SHRINK_GRACE_S, defer_default, parse_defer, parse_pipeline
+from gdn_fuzz.engine.campaign import (DEFAULT_SHRINK_GRACE_S, defer_conflict, defer_default, parse_defer,
+                                     parse_pipeline)
 from gdn_fuzz.engine.fleet import DEFAULT_RESTARTS, NARROW_COLUMNS, plan
 from gdn_fuzz.engine import mps
 from gdn_fuzz.engine.isolation import SetupError
@@ -49,18 +50,15 @@ def validate_run_args(args) -> None:
         parse_processes(getattr(args, "processes", "auto"))
         pipeline = parse_pipeline(getattr(args, "pipeline", None))
         defer = parse_defer(getattr(args, "defer_verdicts", None))
+        isolate = not getattr(args, "no_isolate", False)
         if defer is None:
-            defer = defer_default(not getattr(args, "no_isolate", False))  # $GDN_FUZZ_DEFER_VERDICTS, checked here
+            defer = defer_default(isolate)  # $GDN_FUZZ_DEFER_VERDICTS, checked here
         args.mps = mps.parse_mps(getattr(args, "mps", "auto"))  # normalized once: "auto" | "on" | "off"
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if defer and getattr(args, "no_isolate", False):
-        raise UsageError("--defer-verdicts on with --no-isolate: deferred verdicts need the isolated worker (it checks "
-                         "while this process draws the next case); drop --no-isolate or --defer-verdicts on")
-    if defer and pipeline not in (None, 1):
-        raise UsageError(f"--defer-verdicts on (or $GDN_FUZZ_DEFER_VERDICTS=on) with --pipeline {pipeline}: deferred "
-                         "verdicts run one round at a time (one thread draws while the worker checks); give --pipeline "
-                         "1 or auto, or --defer-verdicts off")
+    why = defer_conflict(defer, isolate, pipeline)
+    if why:
+        raise UsageError(why)
     if args.restarts < 0:
         raise UsageError(f"--restarts={args.restarts}: give a whole number >= 0 (restarts of one lost worker)")
     if args.ray is not None and args.gpus:
@@ -384,7 +382,7 @@ def add_parser(sub) -> None:
                         "next example while another's case is checked (the checks stay one at a time); auto (default; "
                         "$GDN_FUZZ_PIPELINE sets another): 2 for an isolated campaign on a CUDA device, else 1 (one "
                         "round after another: a seed's sequence of checks is deterministic)")
-    r.add_argument("--defer-verdicts", default=None, metavar="on|off",
+    r.add_argument("--defer-verdicts", default=None, choices=("on", "off"),
                    help="isolated campaigns: send each case to the worker without waiting for its verdict, which is "
                         "read one example later, so that Hypothesis draws the next case while the worker checks this "
                         "one; a failure found so is shrunk by running its round again (the same cases, their verdicts "

@@ -123,15 +123,25 @@ def defer_default(isolate: bool) -> bool:
 
 
 def parse_defer(spec) -> bool | None:
-    """--defer-verdicts: None -> None (defer_default), 'on' -> True, 'off' -> False.  Raises ValueError, one line
-    naming the option, the value and the fix."""
-    if spec is None:
+    """--defer-verdicts (argparse checks it is on or off): None -> None (defer_default), 'on' -> True, 'off' ->
+    False."""
+    return None if spec is None else spec == "on"
+
+
+def defer_conflict(defer: bool, isolate: bool, pipeline: int | None) -> str | None:
+    """Why deferred verdicts cannot run so (one line naming the options and the fix; the Campaign's and the CLI's
+    error), or None."""
+    if not defer:
         return None
-    val = str(spec).strip().lower()
-    if val not in ("on", "off"):
-        raise ValueError(f"--defer-verdicts={spec!r}: give on or off (on: each case goes to the worker without "
-                         f"waiting for its verdict; default ${DEFER_ENV}, else off)")
-    return val == "on"
+    if not isolate:
+        return ("deferred verdicts (--defer-verdicts on, $GDN_FUZZ_DEFER_VERDICTS=on, defer=True) with --no-isolate "
+                "(isolate=False): they need the isolated worker, which checks while this process draws the next case; "
+                "drop --no-isolate or turn deferred verdicts off")
+    if pipeline not in (None, 1):
+        return (f"deferred verdicts (--defer-verdicts on, $GDN_FUZZ_DEFER_VERDICTS=on, defer=True) with --pipeline "
+                f"{pipeline} (pipeline={pipeline}): they run one round at a time, one thread drawing while the worker "
+                "checks; give --pipeline 1 or auto, or turn deferred verdicts off")
+    return None
 
 
 SPARE_ENV = "GDN_FUZZ_SPARE_WORKER"
@@ -372,14 +382,11 @@ class Campaign:
             raise ValueError(f"seeds_per_example={self.seeds_per_example!r}: give an int >= 1")
         if self.defer is None:
             self.defer = defer_default(self.isolate)
-        if self.defer and not self.isolate:
-            raise ValueError("defer=True: deferred verdicts need an isolated campaign (isolate=True: the worker "
-                             "process checks while this one draws); give isolate=True, or defer=False")
+        why = defer_conflict(self.defer, self.isolate, self.pipeline)
+        if why:
+            raise ValueError(why)
         if self.pipeline is None:
             self.pipeline = 1 if self.defer else pipeline_default(self.device, self.isolate)
-        if self.defer and self.pipeline != 1:
-            raise ValueError(f"pipeline={self.pipeline!r} with defer=True: deferred verdicts run one round at a time "
-                             "(one thread draws while the worker checks); give pipeline=1, or defer=False")
         d = self.pipeline
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_PIPELINE:
             raise ValueError(f"pipeline={self.pipeline!r}: give an int in [1, {MAX_PIPELINE}] (rounds at once; 1: one "
