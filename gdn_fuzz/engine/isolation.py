@@ -807,13 +807,17 @@ class Worker:
         self._busy = True
         return True
 
+    def _sent_ahead(self) -> bool:
+        """Is a queued check sent to the live process (the ones sent come first in the queue)?"""
+        return bool(self._queue) and self._queue[0].sent_at is not None
+
     def _send_queued(self, may_start: bool = True) -> None:
         """Send the submitted checks not sent yet, in order.  The process is started (again) only when no check sent
         to it is unanswered (and may_start: _answer, whose own check is out of the queue, says no): a process that
         died with one is found out when that one's answer is collected."""
-        if not any(q.sent_at is None for q in self._queue):
+        if not self._queue or self._queue[-1].sent_at is not None:
             return
-        if may_start and not any(q.sent_at is not None for q in self._queue):
+        if may_start and not self._sent_ahead():
             self.start()
         if self._conn is None:
             return
@@ -822,7 +826,7 @@ class Worker:
                 return
 
     def _check_once(self, prop: str, case: Case) -> list[Finding]:
-        if any(q.sent_at is not None for q in self._queue):
+        if self._sent_ahead():
             raise RuntimeError("Worker.check() while submitted checks are unanswered: collect() them first")
         return self._answer(_Sent(prop, case, self._text(prop, case)))
 
@@ -832,13 +836,12 @@ class Worker:
         prop = p.prop
         if p.sent_at is None:
             self.start()
-            if not self._send(p):
-                self._inflight_text, self._last_finished = p.text, False
-                self._proc.join(timeout=5)
-                words, outcome = self._exit_words(self._proc)
-                return self._died(prop, words, outcome)
         self._inflight_text = p.text
         self._last_finished = False
+        if p.sent_at is None and not self._send(p):
+            self._proc.join(timeout=5)
+            words, outcome = self._exit_words(self._proc)
+            return self._died(prop, words, outcome)
         self._send_queued(may_start=False)
         # the worker starts p once it has answered the check before it (sent ahead: submit), not when p was sent
         t0 = max(p.sent_at, self._answered_at)
@@ -862,7 +865,7 @@ class Worker:
                     continue
                 self._answered_at = time.monotonic()
                 dt = self._answered_at - t0 - paused_s
-                self._busy = any(q.sent_at is not None for q in self._queue)
+                self._busy = self._sent_ahead()
                 self.compiles = self._compiles_before + compiles
                 if kind == "inflight":  # the worker could not write the in-flight file: nothing was launched
                     self._last_finished = True
