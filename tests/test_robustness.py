@@ -851,6 +851,43 @@ def test_a_confirmation_runs_beside_the_shrink(tmp_path):
     assert c._confirmer is None and not c._confirming and c._worker._spare is None  # nothing left running
 
 
+def test_a_shrink_done_before_the_budget_is_shrunk_when_its_confirmation_ends_after(tmp_path):
+    """A round whose shrink ended before the budget waits for its failure's confirmation (_settle) and may read its
+    findings after the budget.  They are shrunk: Hypothesis finished with them.  Before, `shrunk` was read after
+    the wait, as "the budget is not spent yet", and such findings were filed shrunk=False: on an H100 (run 88,
+    2026-12-07) 7 of 16 findings of one 30 s run on an edited kernel, all with grace_used_s 0.0, the workers having
+    waited 9-27 s for serial confirmations.  Here every process but the first sleeps confirm_s on its first launch,
+    so the one confirmation ends past a budget that the shrink of a simple failure ends well before."""
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    budget_s, confirm_s = 6.0, 12.0
+    marker = tmp_path / "first-process"
+    body = ("if _LAUNCHES[0] == 1:\n"
+            "    try:\n"
+            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
+            "    except FileExistsError:\n"
+            f"        time.sleep({confirm_s})\n"
+            "if (kw['cache_base'] >= 5).any():\n    raise ValueError('a late cache base')")
+    record = tmp_path / "record.jsonl"
+    # shrink_grace_s=0: no shrinking past the budget, so a finding read after it is shrunk only if its shrink ended
+    # before it
+    c = Campaign(target=get_target(plant(tmp_path, "slow_confirmation", body)), device="cpu",
+                 properties=[get_property("launch")], arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,),
+                 seed=4, round_examples=200, isolate=True, launch_timeout_s=120.0, pipeline=1, spare_worker=True,
+                 record_path=record, shrink_grace_s=0.0)
+    c.run(seconds=budget_s)
+    (f,) = c.findings.values()
+    assert f.signature == "launch [H*] raised ValueError: a late cache base"
+    lines = [json.loads(x) for x in record.read_text().splitlines()]
+    failing = [x for x in lines if f.signature in x["signatures"]]
+    assert failing[-1]["t"] < budget_s  # the shrink's last failing example came before the budget...
+    assert f.first_t > budget_s and c.stats.confirm_wait_s > 0  # ...its confirmation after it, waited for
+    assert f.shrunk and c.stats.grace_s == 0.0
+
+
 def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
     """A first Ctrl-C lets the confirmation running finish; a second ends it at once (its process is killed) and its
     failure is not filed, nor listed as unconfirmed (there was no answer).  The confirmation here would take 60 s:

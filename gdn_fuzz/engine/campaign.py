@@ -201,6 +201,9 @@ class _RoundState:
 
     new: list = field(default_factory=list)  # signatures first seen in this round, in order
     spent_at: float | None = None  # campaign seconds when the budget was found spent while it shrank (the grace's start)
+    # was the budget spent when the round's Hypothesis run ended?  Read then, not after the wait for its failures'
+    # confirmations (_settle), which may outlast the budget: a shrink that ended before it is whole
+    ended_spent: bool = False
 
 
 class BudgetSpent(BaseException):
@@ -635,8 +638,10 @@ class Campaign:
             except KeyboardInterrupt:
                 raise
             except BaseException:
+                rs.ended_spent = self.budget_spent()
                 self._settle(list(rs.new))
                 raise
+            rs.ended_spent = self.budget_spent()
             self._settle(list(rs.new))
 
         return self._with_unreached(self._run_result(prop, run_body, round_started))
@@ -707,7 +712,7 @@ class Campaign:
                 t, n, _ = self._first.get(x.signature, (round_started, None, prop.name))
                 out.append(CampaignFinding(prop.name, x.case, x.findings, signature=x.signature, first_t=t,
                                            first_examples=n, shrink_s=self.stats.elapsed - t,
-                                           shrunk=self.shrink and (rs.spent_at is not None or not self.budget_spent()),
+                                           shrunk=self.shrink and (rs.spent_at is not None or not rs.ended_spent),
                                            flaky=flaky))
             self._end_grace()
             return out
