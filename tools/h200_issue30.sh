@@ -141,7 +141,7 @@ for step in "$@"; do
       # FIRST_TREES: base (BASE_TAR), new (this tree), nospare (this tree, GDN_FUZZ_SPARE_WORKER=off), defer (this
       # tree, GDN_FUZZ_DEFER_VERDICTS=on); their
       # order is reversed for every second mutant, so that neither tree always runs first; FIRST_TAG goes into the
-      # log names (repeated runs in one call)
+      # log names (repeated runs in one call); FIRST_RECORD=1: each worker's per-example record too (--record)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       i=0
@@ -157,7 +157,8 @@ for step in "$@"; do
           s1=$(date +%s)
           (cd "$dir" && PYTHONPATH=$pp TRITON_CACHE_DIR=$d/triton GDN_FUZZ_KERNEL_STORE=$d/kernels \
             GDN_FUZZ_SPARE_WORKER=$spare GDN_FUZZ_DEFER_VERDICTS=$dv timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
-            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m.json") \
+            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m.json" \
+            ${FIRST_RECORD:+--record "$R/first${FIRST_TAG:-}-$tree-$m.jsonl"}) \
             > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
           grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
