@@ -376,6 +376,41 @@ def test_a_row_at_flush_min_names_the_neighbours_that_pass():
     assert R.edge_neighbours(target, "routing", case, f) is None
 
 
+def test_a_running_campaign_checks_a_findings_neighbours_in_its_own_worker(monkeypatch, capsys):
+    """`gdn-fuzz run` explains a finding at an edge with its neighbours checked in the campaign's own isolated
+    worker (Campaign.check_aside), not in a worker process started for them.  That start ran on the round's thread,
+    inside the budget: with two campaign processes on this project's CPU machine (mutant beta_no_sigmoid, 30 s)
+    each lost 5.6-8.2 s per such finding, and a worker of run 88 (H100) checked nothing for ~13 s.  The
+    explanation still names the neighbours."""
+    from gdn_fuzz import cli
+    from gdn_fuzz.engine import isolation
+
+    names = []
+    real = isolation.Worker.__init__
+
+    def init(self, target_name, device, *a, **k):
+        names.append(k.get("name"))
+        real(self, target_name, device, *a, **k)
+
+    monkeypatch.setattr(isolation.Worker, "__init__", init)
+    rc = cli.main(["run", "--target", "mutant:flush_off_by_one", "--arms", "bf16", "--T", "4", "--property", "launch",
+                   "--examples", "200", "--seed", "0", "--no-corpus", "--processes", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "edge: row" in out and "moved by one" in out, out[-3000:]
+    assert names and "neighbours" not in names, names
+    # a fleet's campaign process (gdn_fuzz.engine.worker), whose explanation goes to the driver with the finding
+    from gdn_fuzz.engine.worker import WorkerSpec, run_worker
+
+    names.clear()
+    events = []
+    spec = WorkerSpec(label="cpu.t0", target="mutant:flush_off_by_one", device="cpu", seed=0, arms=("bf16",),
+                      properties=("launch",), Ts=(4,), examples=200)
+    assert run_worker(spec, events.append, log=lambda line: None) == 1
+    texts = [e["explain"] for e in events if e.get("kind") == "finding"]
+    assert any("edge: row" in t and "moved by one" in t for t in texts), texts
+    assert names and "neighbours" not in names, names
+
+
 # ------------------------------------------------------------------ transport and storage
 
 

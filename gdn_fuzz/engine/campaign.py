@@ -939,6 +939,17 @@ class Campaign:
             self._record(f)
             on_finding(f)
 
+    def check_aside(self, prop_name: str, case: Case) -> list:
+        """The findings of property `prop_name` on `case`, checked outside the campaign's examples (not counted,
+        not recorded, never filed): what a finding's explanation asks of its neighbours (reproducer.explain's
+        check).  In the campaign's own worker when it is isolated, the one every example runs in (started already:
+        its compiles paid), else in this process.  It used to start a worker process of its own per finding, on
+        the round's thread inside the budget: 5-8 s per finding on the CPU machine (two campaign processes) and
+        the ~13 s of run 88's idle worker on an H100 (docs/benchmarks.md, "Issue 32, fifteenth part")."""
+        prop = get_property(prop_name)
+        with self._check_lock:
+            return list(self._check(prop, case))
+
     def recheck(self, prop_name: str, case: Case, on_finding=lambda f: None) -> dict:
         """Check one case in a fresh isolated worker process (whatever `isolate` says): the case a lost
         fleet worker had in flight (gdn_fuzz.engine.fleet), which may be what killed it.  A new

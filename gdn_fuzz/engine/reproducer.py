@@ -252,9 +252,10 @@ def edge_neighbours(target, prop: str, case: Case, finding: Finding, device="cpu
 
 
 def explain(prop: str, case: Case, findings, signature: str | None = None, target=None, device="cpu", *,
-            isolate: bool = False) -> str:
+            isolate: bool = False, check=None) -> str:
     """What to print for a finding: the Case as it ran and the launch made from it; with a target,
-    also the neighbours of a launch-property oracle finding at an edge (edge_neighbours).
+    also the neighbours of a launch-property oracle finding at an edge (edge_neighbours; check: how they are
+    checked, as there: a running campaign passes its own, Campaign.check_aside).
 
     This is the campaign CLI's hook: print explain(f.prop, f.case, f.findings, f.signature,
     target, device) where it printed f.case.describe()."""
@@ -265,7 +266,7 @@ def explain(prop: str, case: Case, findings, signature: str | None = None, targe
         pick = [f for f in findings if f.signature() == signature] or findings
         for f in pick[:1]:
             try:
-                n = edge_neighbours(target, prop, launch.case, f, device, isolate=isolate)
+                n = edge_neighbours(target, prop, launch.case, f, device, isolate=isolate, check=check)
             except Exception as e:  # noqa: BLE001 - the neighbours are a courtesy; the finding stands
                 n = f"edge: the neighbours could not be run ({type(e).__name__}: {e})"
             if n:
