@@ -118,8 +118,8 @@ def defer_default(isolate: bool) -> bool:
     off (default): each example waits for its check; on: isolated campaigns send each case ahead and read its
     verdict one example later (never without isolation).  Off by default: on an H100 (run 88) it gained 31% for one
     process (8,040 against 6,117 checks per 30 s, medians of 3) and nothing for the product command's eight, it runs
-    one round at a time, and one worker's 13 s without a check under it is not explained (docs/benchmarks.md,
-    "Issue 32, fifteenth part")."""
+    one round at a time, and one worker's 13 s without a check under it (read on the CPU as a finding's explanation
+    starting a process of its own, f939acc) is not re-measured (docs/benchmarks.md, "Issue 32, fifteenth part")."""
     which = environment.choice(DEFER_ENV, ("off", "on"), "off: each example waits for its check; on: deferred "
                                "verdicts in isolated campaigns")
     return isolate and which == "on"
