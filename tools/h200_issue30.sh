@@ -337,6 +337,8 @@ PY
           --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
           --json "$R/$name.json" > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-240
+        # process p0's record only (run 88's six runs kept all eight: a 21 MB archive that did not come back)
+        find "$R/$name-rec" -name '*.jsonl.*' ! -name '*.p0' -delete 2>/dev/null
       done ;;
     g32fault)
       # issue 32: a kernel that faults (gpu_oob_full_window: an out-of-bounds access on a full window) under the
