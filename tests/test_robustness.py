@@ -855,8 +855,8 @@ def test_a_shrink_done_before_the_budget_is_shrunk_when_its_confirmation_ends_af
     """A round whose shrink ended before the budget waits for its failure's confirmation (_settle) and may read its
     findings after the budget.  They are shrunk: Hypothesis finished with them.  Before, `shrunk` was read after
     the wait, as "the budget is not spent yet", and such findings were filed shrunk=False: on an H100 (run 88,
-    2026-12-07) 7 of 16 findings of one 30 s run on an edited kernel, all with grace_used_s 0.0, the workers having
-    waited 9-27 s for serial confirmations.  Here every process but the first sleeps confirm_s on its first launch,
+    2026-12-07) 7 of 16 findings of one 30 s run on an edited kernel, all with grace_used_s 0.0, the two workers having
+    waited 16 and 27 s for serial confirmations.  Here every process but the first sleeps confirm_s on its first launch,
     so the one confirmation ends past a budget that the shrink of a simple failure ends well before."""
     from gdn_fuzz.engine.campaign import Campaign
     from gdn_fuzz.properties import get_property
