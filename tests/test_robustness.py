@@ -885,7 +885,7 @@ def test_a_shrink_done_before_the_budget_is_shrunk_when_its_confirmation_ends_af
     failing = [x for x in lines if f.signature in x["signatures"]]
     assert failing[-1]["t"] < budget_s  # the shrink's last failing example came before the budget...
     assert f.first_t > budget_s and c.stats.confirm_wait_s > 0  # ...its confirmation after it, waited for
-    assert f.shrunk and c.stats.grace_s == 0.0
+    assert f.shrunk
 
 
 def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
