@@ -213,7 +213,6 @@ def cmd_run(args) -> int:
                 # the launch as it ran (the property's own changes to the drawn case), and which
                 # neighbouring cursors pass when the failing row sits on a routing or ring edge
                 progress.console.print(explain(f.prop, f.case, f.findings, f.signature, target, device,
-                                               isolate=not args.no_isolate,
                                                check=lambda c: camp.check_aside(f.prop, c)), markup=False)
                 for x in f.findings:
                     progress.console.print("  " + str(x), markup=False)

@@ -255,7 +255,7 @@ def explain(prop: str, case: Case, findings, signature: str | None = None, targe
             isolate: bool = False, check=None) -> str:
     """What to print for a finding: the Case as it ran and the launch made from it; with a target,
     also the neighbours of a launch-property oracle finding at an edge (edge_neighbours; check: how they are
-    checked, as there: a running campaign passes its own, Campaign.check_aside).
+    checked, as there: a running campaign passes its own, Campaign.check_aside, and isolate is then unused).
 
     This is the campaign CLI's hook: print explain(f.prop, f.case, f.findings, f.signature,
     target, device) where it printed f.case.describe()."""

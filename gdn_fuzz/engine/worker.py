@@ -293,7 +293,7 @@ def run_worker(spec: WorkerSpec, emit, *, on_campaign=lambda camp: None, log=Non
 
     def found(f: CampaignFinding):
         try:
-            text = explain(f.prop, f.case, f.findings, f.signature, target, spec.device, isolate=spec.isolate,
+            text = explain(f.prop, f.case, f.findings, f.signature, target, spec.device,
                            check=lambda c: camp.check_aside(f.prop, c))
         except Exception as e:  # noqa: BLE001 - the explanation is a courtesy; the finding stands
             text = f"(the launch could not be explained: {type(e).__name__}: {e})"
