@@ -161,6 +161,8 @@ for step in "$@"; do
             ${FIRST_RECORD:+--record "$R/first${FIRST_TAG:-}-$tree-$m.jsonl"}) \
             > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
+          # process p0's record only (the archive must stay under ~20 MB to come back)
+          find "$R" -name "first${FIRST_TAG:-}-$tree-$m.jsonl.*" ! -name '*.p0' -delete 2>/dev/null
           grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
           # the findings (first failing example, shrunk or not) and each worker's confirmations
           python3 - "$R/first${FIRST_TAG:-}-$tree-$m.json" <<'PY' 2>&1 | tee "$R/first${FIRST_TAG:-}-$tree-$m-summary.txt"
