@@ -9,8 +9,14 @@ per second whatever the worker does.  The stand-in check runs in this process (n
 is the campaign process's alone; the draw is the real strategy with the campaign's settings.
 
     python benchmarks/campaign_overhead.py [--seconds 10] [--pipeline 1 2] [--profile N] [--json out.json]
+    python benchmarks/campaign_overhead.py --isolated [--check-ms 2.5] [--seeds 1 4] [--defer on off]
 
 --profile N: cProfile of one more run (pipeline 1), its N most expensive functions by own time.
+--isolated: the campaign's real isolated path instead (an isolated worker process, the pipe, the in-flight file, the
+answer and the books), the worker's check a stand-in that holds its CPU for --check-ms and passes; one run per
+(--defer, --seeds: value seeds per drawn structure) pair.  Per example the campaign process draws (1/K of a case),
+sends, reads the answer and keeps the books; the worker spins.  With deferred verdicts the two overlap, so the
+examples per second say which side bounds one process at that check time.
 """
 
 from __future__ import annotations
@@ -47,6 +53,38 @@ def _passing(target, case, device) -> Findings:
     f = Findings([])
     f.metrics = {n: [1e-3] * case.B for n in ("y", "k", "u", "g", "fold")}
     return f
+
+
+def spin_passing(target, case, device) -> dict:
+    """The isolated stand-in check (run in the worker by name, Worker's measurement path): hold the worker's CPU for
+    $GDN_FUZZ_SPIN_MS and return the metrics a passing verdict carries."""
+    import os
+
+    t0, ms = time.perf_counter(), float(os.environ.get("GDN_FUZZ_SPIN_MS", "2.5"))
+    while time.perf_counter() - t0 < ms / 1e3:
+        pass
+    return {n: [1e-3] * case.B for n in ("y", "k", "u", "g", "fold")}
+
+
+def isolated_run(seconds: float, defer: bool, seeds: int, check_ms: float) -> dict:
+    """One campaign through an isolated worker whose check is spin_passing (a passing verdict after check_ms)."""
+    import os
+
+    from gdn_fuzz.engine.isolation import MEASURE
+
+    os.environ["GDN_FUZZ_SPIN_MS"] = str(check_ms)
+    here = str(Path(__file__).resolve().parent)  # the worker imports this module by name
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    prop = dataclasses.replace(get_property("launch"), name=f"{MEASURE}campaign_overhead:spin_passing")
+    c = Campaign(target=get_target("reference"), device="cpu", properties=[prop], isolate=True, defer=defer,
+                 pipeline=1, seeds_per_example=seeds, spare_worker=False, draws="graph", **MENU)
+    t0 = time.perf_counter()
+    c.run(seconds=seconds)
+    dt = time.perf_counter() - t0
+    return dict(defer=defer, seeds_per_example=seeds, check_ms=check_ms, examples=c.stats.examples,
+                structures=c.stats.structures, seconds=round(dt, 3), findings=len(c.findings),
+                ms_per_example=round(c.stats.elapsed / max(c.stats.examples, 1) * 1e3, 3),
+                per_30s=round(30 * c.stats.examples / c.stats.elapsed))
 
 
 def campaign_run(seconds: float, pipeline: int, profile: cProfile.Profile | None = None) -> dict:
@@ -94,12 +132,26 @@ def main(argv=None) -> int:
     ap.add_argument("--pipeline", type=int, nargs="+", default=[1, 2], help="rounds at once, one run each")
     ap.add_argument("--bare", type=int, default=1000, help="examples of the plain @given draw (0: skip)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile one more pipeline-1 run: print N functions")
+    ap.add_argument("--isolated", action="store_true", help="through an isolated worker with a stand-in check instead")
+    ap.add_argument("--check-ms", type=float, default=2.5, help="--isolated: the stand-in check's milliseconds")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 4], help="--isolated: value seeds per structure")
+    ap.add_argument("--defer", choices=("on", "off"), nargs="+", default=["on", "off"],
+                    help="--isolated: deferred verdicts")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     import hypothesis
 
     out = dict(python=platform.python_version(), hypothesis=hypothesis.__version__, machine=platform.node(),
                runs=[])
+    if args.isolated:
+        for d in args.defer:
+            for k in args.seeds:
+                r = isolated_run(args.seconds, d == "on", k, args.check_ms)
+                out["runs"].append(r)
+                print("isolated, stand-in check:", r, flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
     if args.bare:
         out["bare"] = bare_draws(args.bare)
         print("plain @given of the campaign's strategy:", out["bare"], flush=True)

@@ -386,7 +386,12 @@ PY
       need_bundle
       timeout 200 python3 benchmarks/campaign_overhead.py --seconds "${OVER_S:-10}" --profile 25 \
         --json "$R/$step-new.json" > "$R/$step-new.txt" 2>&1
-      echo "$step new rc=$?"; grep -E "^(plain|campaign)" "$R/$step-new.txt" | cut -c1-240 ;;
+      echo "$step new rc=$?"; grep -E "^(plain|campaign)" "$R/$step-new.txt" | cut -c1-240
+      # the campaign's isolated path with a stand-in worker check of OVER_CHECK_MS (default 2.5, about a real small
+      # check's worker time): deferred and waiting, 1 and 4 value seeds per drawn structure
+      timeout 200 python3 benchmarks/campaign_overhead.py --isolated --seconds "${OVER_S:-10}" \
+        --check-ms "${OVER_CHECK_MS:-2.5}" --json "$R/$step-isolated.json" > "$R/$step-isolated.txt" 2>&1
+      echo "$step isolated rc=$?"; grep -E "^isolated" "$R/$step-isolated.txt" | cut -c1-240 ;;
     g32mutants)
       need_bundle
       timeout 560 gdn-fuzz mutants --base production --device cuda --budget "${MUT_S:-25}" --json "$R/$step.json" \
