@@ -888,6 +888,45 @@ def test_a_shrink_done_before_the_budget_is_shrunk_when_its_confirmation_ends_af
     assert f.shrunk
 
 
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_confirmations_run_at_once(tmp_path, at_once):
+    """Fresh-process confirmations run confirmations_at_once at a time, each in a process and in-flight file of its own.
+    On an H100 (run 88) they ran one at a time, 2.6-4.5 s each, and a worker whose edit failed several ways waited
+    9-36 s for them.  Here every process but the first sleeps confirm_s on its first launch, and the shrink of the
+    first failure (a late cache base with history) meets a second (without history) while the first's confirmation
+    sleeps: with two at a time the two confirmations overlap, with one the second starts when the first has ended."""
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    confirm_s = 5.0
+    marker = tmp_path / "first-process"
+    body = ("if _LAUNCHES[0] == 1:\n"
+            "    try:\n"
+            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
+            "    except FileExistsError:\n"
+            f"        time.sleep({confirm_s})\n"
+            "late = kw['cache_base'] >= 5\n"
+            "if late.any() and (kw['hist_len'][late] > 0).any():\n    raise ValueError('a late cache base with history')\n"
+            "if late.any():\n    raise RuntimeError('a late cache base without history')")
+    c = Campaign(target=get_target(plant(tmp_path, "two_confirmations", body)), device="cpu",
+                 properties=[get_property("launch")], arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,),
+                 seed=4, round_examples=200, isolate=True, launch_timeout_s=120.0, pipeline=1, spare_worker=True,
+                 confirmations_at_once=at_once, shrink_grace_s=60.0)
+    c.run(examples=200)
+    assert sorted(c.findings) == ["launch [H*] raised RuntimeError: a late cache base without history",
+                                  "launch [H*] raised ValueError: a late cache base with history"]
+    first, second = sorted(c.confirmations(), key=lambda x: x["at"])
+    first_end = first["at"] + first["wait_s"] + first["check_s"]
+    assert first["check_s"] >= confirm_s and second["check_s"] >= confirm_s  # each in a fresh, sleeping process
+    if at_once == 2:
+        assert second["at"] < first_end - 1.0, (first, second)  # the second started while the first slept
+    else:
+        assert second["at"] >= first_end - 0.1, (first, second)  # one at a time
+    assert c._confirmer is None and not c._worker._repro_procs
+
+
 def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
     """A first Ctrl-C lets the confirmation running finish; a second ends it at once (its process is killed) and its
     failure is not filed, nor listed as unconfirmed (there was no answer).  The confirmation here would take 60 s:
@@ -913,7 +952,7 @@ def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
 
     def press_twice():
         deadline = time.monotonic() + 60
-        while c._worker._repro_proc is None and time.monotonic() < deadline:  # a confirmation is running
+        while not c._worker._repro_procs and time.monotonic() < deadline:  # a confirmation is running
             time.sleep(0.05)
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: the campaign stops at its next example
@@ -933,7 +972,7 @@ def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
     assert c.interrupted and c.stats.examples > 1
     assert took < 30, took  # not the confirmation's 60 s
     assert not told and not c.findings and not c.unconfirmed
-    assert c._confirmer is None and c._worker._repro_proc is None
+    assert c._confirmer is None and not c._worker._repro_procs
 
 
 def test_same_seed_same_findings_and_entries(tmp_path):

@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import random
 import sys
 import threading
@@ -158,6 +159,30 @@ def spare_worker_default(device: str) -> bool:
     which = environment.choice(SPARE_ENV, ("auto", "on", "off"),
                                "auto: a spare worker on a CUDA device; on: always; off: never")
     return str(device).startswith("cuda") if which == "auto" else which == "on"
+
+
+CONFIRM_ENV = "GDN_FUZZ_CONFIRMATIONS"
+MAX_CONFIRMATIONS = 4  # Campaign.confirmations_at_once's largest value
+
+
+def confirmations_default(device: str, torch_threads: int | None) -> int:
+    """Confirmations an isolated campaign runs at once (Campaign.confirmations_at_once) when not told
+    ($GDN_FUZZ_CONFIRMATIONS: auto or N).  Each is a fresh worker process: its start, its compiles and one check.  On
+    an H100 (run 88) they took 2.6-4.5 s each, one at a time, and a worker whose edit failed several ways waited 9-36 s
+    for them at its rounds' ends.  auto: on a CUDA device one per 4 of the cores this process may use (its
+    torch_threads when set: a fleet gives each process its share), at least 1, at most 3; on a CPU 1 (a
+    confirmation's process takes the cores the checks use: 2 in CI)."""
+    raw = os.environ.get(CONFIRM_ENV, "").strip().lower() or "auto"
+    if raw != "auto":
+        n = int(raw) if raw.isdigit() else 0
+        if not 1 <= n <= MAX_CONFIRMATIONS:
+            raise ValueError(f"{CONFIRM_ENV}={os.environ[CONFIRM_ENV]!r}: give the fresh-process confirmations to run "
+                             f"at once, a whole number in [1, {MAX_CONFIRMATIONS}] (e.g. {CONFIRM_ENV}=2), or auto")
+        return n
+    if not str(device).startswith("cuda"):
+        return 1
+    cores = torch_threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    return max(1, min(3, (cores or 1) // 4))
 
 
 MAX_PIPELINE = 8  # Campaign.pipeline's largest value
@@ -364,6 +389,9 @@ class Campaign:
     # isolated: a spare worker process starts in the background for the fresh-process confirmation of a new failure
     # (Worker.spare); None: $GDN_FUZZ_SPARE_WORKER (spare_worker_default)
     spare_worker: bool | None = None
+    # isolated: fresh-process confirmations of new failures run at once, each on its own thread and process (None:
+    # confirmations_default)
+    confirmations_at_once: int | None = None
     # isolated, on a GPU: the pipe folder of the run's MPS daemon (gdn_fuzz.engine.mps; Worker.mps_pipe); None: none
     mps_pipe: str | None = None
     # rounds run at once, each Hypothesis run on its own thread (run()'s docstring); None: pipeline_default
@@ -394,6 +422,12 @@ class Campaign:
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_PIPELINE:
             raise ValueError(f"pipeline={self.pipeline!r}: give an int in [1, {MAX_PIPELINE}] (rounds at once; 1: one "
                              "round at a time)")
+        if self.confirmations_at_once is None:
+            self.confirmations_at_once = confirmations_default(self.device, self.torch_threads)
+        n = self.confirmations_at_once
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONFIRMATIONS:
+            raise ValueError(f"confirmations_at_once={n!r}: give an int in [1, {MAX_CONFIRMATIONS}] (fresh-process "
+                             "confirmations run at once)")
         g = self.shrink_grace_s
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
             raise ValueError(f"shrink_grace_s={g!r}: give a number of seconds >= 0")
@@ -459,8 +493,12 @@ class Campaign:
         return dict(pipe=self.mps_pipe, left=self._worker.mps_left, rechecks=list(self._worker.mps_rechecks))
 
     def confirmations(self) -> list[dict]:
-        """Worker.confirmations of the isolated worker (every fresh-process check of a new failure), or []."""
-        return [] if self._worker is None else list(self._worker.confirmations)
+        """Worker.confirmations of the isolated worker (every fresh-process check of a new failure), or []; `at`: when
+        each started, in seconds of the campaign's clock (stats.elapsed)."""
+        if self._worker is None:
+            return []
+        return [dict(c, at=round(c["at"] - self.stats.started, 3)) if "at" in c else dict(c)
+                for c in self._worker.confirmations]
 
     def _compiles(self) -> int:
         if self._worker is not None:
@@ -844,14 +882,15 @@ class Campaign:
 
         A kernel bug is filed only if it comes back in a fresh worker process (not an artefact of a worker poisoned
         by an earlier launch, nor of a flaky machine), checked on its first failing case.  The check runs on the
-        confirmer thread (one confirmation at a time, in the worker's spare process) while the round that saw the
-        failure shrinks it and the other rounds go on checking: on the GPU a confirmation is a process's first check
-        (2.4-5.1 s on an H100, run 87), and it used to hold every round's check for that long.  When it comes back,
-        the signature's first time is set and on_first is called; when it does not, the signature is unconfirmed:
-        its later failing examples pass (the shrink stops) and it is not filed.  Its round's end waits for it
-        (_settle)."""
+        confirmer threads (confirmations_at_once of them at a time, the first in the worker's spare process) while the
+        round that saw the failure shrinks it and the other rounds go on checking: on the GPU a confirmation is a
+        process's first check (2.4-5.1 s on an H100, run 87), and it used to hold every round's check for that long.
+        When it comes back, the signature's first time is set and on_first is called; when it does not, the
+        signature is unconfirmed: its later failing examples pass (the shrink stops) and it is not filed.  Its
+        round's end waits for it (_settle)."""
         if self._confirmer is None:
-            self._confirmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gdn-fuzz-confirm")
+            self._confirmer = ThreadPoolExecutor(max_workers=self.confirmations_at_once,
+                                                 thread_name_prefix="gdn-fuzz-confirm")
 
         def confirm() -> bool | None:
             try:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -418,11 +419,15 @@ class Worker:
         # reproduces() may run on another thread than check() (the campaign confirms a new failure beside its rounds'
         # checks): taking, starting and closing the spare hold this lock
         self._spare_lock = threading.Lock()
-        self._repro_proc = None  # the process of the confirmation running (reproduces), for abort_reproduce()
+        # the processes of the confirmations running (reproduces, on the campaign's confirmer threads: several at
+        # once), for abort_reproduce(); each has a Worker of its own name, so its own in-flight file (_fresh)
+        self._repro_procs: set = set()
+        self._repro_ids = itertools.count(1)
         self._ready = False  # the process reported 'ready' (spawn() starts one without waiting)
         self._spawned_at = 0.0
         # one entry per reproduces(): spare (a spare process was there), wait_s (until that process was ready),
-        # check_s (the check itself) and ready_s (the process's start to its 'ready')
+        # check_s (the check itself), ready_s (the process's start to its 'ready') and at (its start: time.monotonic(),
+        # one clock for every process of the machine)
         self.confirmations: list[dict] = []
         self.oracle_arms, self.oracle_Ts = tuple(oracle_arms), tuple(oracle_Ts)  # compiled before 'ready' (CUDA)
         self.torch_threads = torch_threads
@@ -564,8 +569,10 @@ class Worker:
         raise SetupError(f"the gdn_fuzz worker for target {self.target_name} on {self.device} {why}")
 
     def _fresh(self) -> "Worker":
-        """A Worker of the same target and settings, for one check in a fresh process (reproduces)."""
-        return Worker(self.target_name, self.device, inflight_dir=self.inflight_dir, name=f"{self.name}-repro",
+        """A Worker of the same target and settings, for one check in a fresh process (reproduces).  Each has a name
+        of its own (NAME-reproN), so confirmations that run at once write their own in-flight files."""
+        return Worker(self.target_name, self.device, inflight_dir=self.inflight_dir,
+                      name=f"{self.name}-repro{next(self._repro_ids)}",
                       timeout_s=self.timeout_s, max_rss_mb=self.max_rss_mb, max_checks=None,
                       start_timeout_s=self.start_timeout_s, torch_threads=self.torch_threads,
                       oracle_arms=self.oracle_arms, oracle_Ts=self.oracle_Ts)
@@ -936,17 +943,18 @@ class Worker:
         return got
 
     def abort_reproduce(self) -> None:
-        """Kill the process of the confirmation running now (reproduces, on another thread), if any: its check then
+        """Kill the processes of the confirmations running now (reproduces, on other threads), if any: each check then
         ends as a crash, which the caller that aborted it does not take for an answer (a campaign stopped by a second
         Ctrl-C)."""
-        proc = self._repro_proc
-        if proc is not None and proc.is_alive():
-            proc.kill()
+        for proc in list(self._repro_procs):
+            if proc.is_alive():
+                proc.kill()
 
     def reproduces(self, prop: str, case: Case, signature: str, timeout_s: float | None = None) -> bool | None:
         """Does the finding `signature` come back when `case` runs in a FRESH worker process?
 
-        A new worker is started, runs the one check and is closed (this worker is untouched).
+        A new worker is started, runs the one check and is closed (this worker is untouched).  Several may run at
+        once, each on its own thread and in its own process.
         True: a finding with that signature came back; False: the check ran and did not give
         it; None: cannot tell (the fresh run ran out of memory, or hung where the signature
         is not a hang).  SetupError propagates.  The campaign files a kernel bug only when
@@ -956,7 +964,8 @@ class Worker:
         w = self._take_spare() or self._fresh()
         had_spare = w._proc is not None
         w.spawn()  # the spare's process is there already; a fresh Worker's starts now
-        self._repro_proc = w._proc
+        proc = w._proc
+        self._repro_procs.add(proc)
         if self.spare and self._proc is not None:
             # the next confirmation's process starts now, beside this one: a process's start and its oracle's compile
             # (3.4-5.5 s to a first check on an H100, run 87) overlap this check instead of following it, for the
@@ -968,10 +977,10 @@ class Worker:
             t_ready = time.monotonic()
             found = w.check(prop, case)
         finally:
-            self._repro_proc = None
+            self._repro_procs.discard(proc)
             w._last_finished = True  # the caller holds the case: no in-flight file left for it
             w.close()
-        self.confirmations.append(dict(spare=had_spare, wait_s=round(t_ready - t0, 3),
+        self.confirmations.append(dict(spare=had_spare, at=round(t0, 3), wait_s=round(t_ready - t0, 3),
                                        check_s=round(time.monotonic() - t_ready, 3),
                                        ready_s=w.startups[-1]["ready_s"] if w.startups else None))
         if any(f.signature() == signature for f in found):
