@@ -49,6 +49,17 @@ def gated_delta_rule_mtp_ucache_flush(*args, **kw):
 '''
 
 
+def slow_fresh_processes(tmp_path: Path, seconds: float) -> str:
+    """A planted body's opening lines: every process but the first sleeps `seconds` on its first launch (a marker file
+    tells the first): a fresh-process confirmation then takes that long, while the campaign's own worker does not."""
+    marker = tmp_path / "first-process"
+    return ("if _LAUNCHES[0] == 1:\n"
+            "    try:\n"
+            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
+            "    except FileExistsError:\n"
+            f"        time.sleep({seconds})\n")
+
+
 def plant(tmp_path: Path, name: str, body: str) -> str:
     """A target file whose entry point runs `body` (indented, sees `marked`) before the reference."""
     p = tmp_path / f"{name}.py"
@@ -864,12 +875,7 @@ def test_a_shrink_done_before_the_budget_is_shrunk_when_its_confirmation_ends_af
     from gdn_fuzz.targets import get_target
 
     budget_s, confirm_s = 6.0, 12.0
-    marker = tmp_path / "first-process"
-    body = ("if _LAUNCHES[0] == 1:\n"
-            "    try:\n"
-            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
-            "    except FileExistsError:\n"
-            f"        time.sleep({confirm_s})\n"
+    body = (slow_fresh_processes(tmp_path, confirm_s) +
             "if (kw['cache_base'] >= 5).any():\n    raise ValueError('a late cache base')")
     record = tmp_path / "record.jsonl"
     # shrink_grace_s=0: no shrinking past the budget, so a finding read after it is shrunk only if its shrink ended
@@ -901,12 +907,7 @@ def test_confirmations_run_at_once(tmp_path, at_once):
     from gdn_fuzz.targets import get_target
 
     confirm_s = 5.0
-    marker = tmp_path / "first-process"
-    body = ("if _LAUNCHES[0] == 1:\n"
-            "    try:\n"
-            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
-            "    except FileExistsError:\n"
-            f"        time.sleep({confirm_s})\n"
+    body = (slow_fresh_processes(tmp_path, confirm_s) +
             "late = kw['cache_base'] >= 5\n"
             "if late.any() and (kw['hist_len'][late] > 0).any():\n    raise ValueError('a late cache base with history')\n"
             "if late.any():\n    raise RuntimeError('a late cache base without history')")
@@ -938,12 +939,7 @@ def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):
     from gdn_fuzz.strategies import CPU_GEOMETRIES
     from gdn_fuzz.targets import get_target
 
-    marker = tmp_path / "first-process"
-    body = ("if _LAUNCHES[0] == 1:\n"
-            "    try:\n"
-            f"        os.close(os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL))\n"
-            "    except FileExistsError:\n"
-            "        time.sleep(60)\n"
+    body = (slow_fresh_processes(tmp_path, 60) +
             "if (kw['cache_base'] >= 5).any():\n    raise ValueError('a late cache base')")
     c = Campaign(target=get_target(plant(tmp_path, "slow_confirmation", body)), device="cpu",
                  properties=[get_property("launch")], arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,),
