@@ -57,6 +57,11 @@ def _cpu_jiffies() -> tuple[int, int] | None:
     return sum(f[:8]) - idle, sum(f[:8])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def free_cores(window_s: float = 0.3) -> tuple[int, float] | None:
     """(the cores this process may run on, how many of them other processes kept busy over `window_s`), read from
     /proc/stat twice, less this process's own CPU time; None where /proc/stat is not there."""
@@ -69,7 +74,7 @@ def free_cores(window_s: float = 0.3) -> tuple[int, float] | None:
     b, t1, own1 = _cpu_jiffies(), time.monotonic(), os.times()
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     busy = (b[0] - a[0]) / hz - ((own1.user - own0.user) + (own1.system - own0.system))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     total_cores = os.cpu_count() or cores
     busy_cores = max(0.0, busy / max(t1 - t0, 1e-3)) * cores / total_cores  # others' share on our cores
     return cores, busy_cores

@@ -928,10 +928,10 @@ def test_confirmations_run_at_once(tmp_path, at_once):
     assert c._confirmer is None and not c._worker._repro_procs
 
 
-def test_confirmations_default(monkeypatch, tmp_path):
+def test_confirmations_default(monkeypatch):
     """auto: one confirmation at a time on a CPU; on a CUDA device one per 4 of the process's cores (a fleet process's
-    torch_threads), 1 to 3; $GDN_FUZZ_CONFIRMATIONS=N sets N (1 to 4), anything else is an error naming it, and
-    `gdn-fuzz run` says so as a usage error before anything starts."""
+    torch_threads), 1 to 3; $GDN_FUZZ_CONFIRMATIONS=N sets N (1 to 4), anything else is an error naming it (and a
+    usage error of `gdn-fuzz run`: tests/test_triage.py::test_a_bad_switch_in_the_environment_is_a_usage_error)."""
     from gdn_fuzz.engine.campaign import CONFIRM_ENV, confirmations_default
 
     monkeypatch.delenv(CONFIRM_ENV, raising=False)
@@ -941,10 +941,8 @@ def test_confirmations_default(monkeypatch, tmp_path):
     assert confirmations_default("cpu", None) == 2
     for bad in ("0", "5", "many", "-1"):
         monkeypatch.setenv(CONFIRM_ENV, bad)
-        with pytest.raises(ValueError, match=f"{CONFIRM_ENV}='{bad}'.*1, 4"):
+        with pytest.raises(ValueError, match=f"{CONFIRM_ENV}='{bad}' is not a legal choice; use one of auto, 1, 2, 3, 4"):
             confirmations_default("cuda", None)
-    p = _cli(["run", "--target", "reference", "--seconds", "1", "--no-corpus"], tmp_path, **{CONFIRM_ENV: "9"})
-    assert p.returncode == 2 and CONFIRM_ENV in p.stdout + p.stderr, p.stdout + p.stderr
 
 
 def test_a_second_ctrl_c_ends_a_confirmation(tmp_path):

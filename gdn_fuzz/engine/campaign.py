@@ -48,7 +48,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import random
 import sys
 import threading
@@ -162,7 +161,7 @@ def spare_worker_default(device: str) -> bool:
 
 
 CONFIRM_ENV = "GDN_FUZZ_CONFIRMATIONS"
-MAX_CONFIRMATIONS = 4  # Campaign.confirmations_at_once's largest value
+MAX_CONFIRMATIONS = 4  # Campaign.confirmations_at_once's largest value (and $GDN_FUZZ_CONFIRMATIONS's)
 
 
 def confirmations_default(device: str, torch_threads: int | None) -> int:
@@ -172,17 +171,14 @@ def confirmations_default(device: str, torch_threads: int | None) -> int:
     for them at its rounds' ends.  auto: on a CUDA device one per 4 of the cores this process may use (its
     torch_threads when set: a fleet gives each process its share), at least 1, at most 3; on a CPU 1 (a
     confirmation's process takes the cores the checks use: 2 in CI)."""
-    raw = os.environ.get(CONFIRM_ENV, "").strip().lower() or "auto"
-    if raw != "auto":
-        n = int(raw) if raw.isdigit() else 0
-        if not 1 <= n <= MAX_CONFIRMATIONS:
-            raise ValueError(f"{CONFIRM_ENV}={os.environ[CONFIRM_ENV]!r}: give the fresh-process confirmations to run "
-                             f"at once, a whole number in [1, {MAX_CONFIRMATIONS}] (e.g. {CONFIRM_ENV}=2), or auto")
-        return n
+    which = environment.choice(CONFIRM_ENV, ("auto", *map(str, range(1, MAX_CONFIRMATIONS + 1))),
+                               "the fresh-process confirmations a campaign runs at once; auto: 1 on a CPU, on a CUDA "
+                               "device one per 4 cores of the process, 1 to 3")
+    if which != "auto":
+        return int(which)
     if not str(device).startswith("cuda"):
         return 1
-    cores = torch_threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    return max(1, min(3, (cores or 1) // 4))
+    return max(1, min(3, (torch_threads or environment.usable_cores()) // 4))
 
 
 MAX_PIPELINE = 8  # Campaign.pipeline's largest value
@@ -497,8 +493,7 @@ class Campaign:
         each started, in seconds of the campaign's clock (stats.elapsed)."""
         if self._worker is None:
             return []
-        return [dict(c, at=round(c["at"] - self.stats.started, 3)) if "at" in c else dict(c)
-                for c in self._worker.confirmations]
+        return [dict(c, at=round(c["at"] - self.stats.started, 3)) for c in self._worker.confirmations]
 
     def _compiles(self) -> int:
         if self._worker is not None:
