@@ -921,10 +921,14 @@ def test_confirmations_run_at_once(tmp_path, at_once):
     first, second = sorted(c.confirmations(), key=lambda x: x["at"])
     first_end = first["at"] + first["wait_s"] + first["check_s"]
     assert first["check_s"] >= confirm_s and second["check_s"] >= confirm_s  # each in a fresh, sleeping process
+    # `at`, wait_s and check_s are each rounded to 1 ms, so first_end is within 3 ms of the first's true end
     if at_once == 2:
-        assert second["at"] < first_end - 1.0, (first, second)  # the second started while the first slept
+        # the second started while the first slept: before its end by more than the rounding (1 s of its 5 s sleep)
+        assert second["at"] < first_end - 1.0, (first, second)
     else:
-        assert second["at"] >= first_end - 0.1, (first, second)  # one at a time
+        # one at a time: the second starts after the first's end, its thread handed the task (0.1 s: the rounding
+        # and the end of the first's reproduces() after its check, its process closed, are within it)
+        assert second["at"] >= first_end - 0.1, (first, second)
     assert c._confirmer is None and not c._worker._repro_procs
 
 

@@ -41,6 +41,9 @@ samplers_start() {
   cpu=$!
 }
 samplers_stop() { kill $smi $cpu 2>/dev/null; wait $smi $cpu 2>/dev/null; return 0; }
+# keep process p0's per-example record only, under folder $1 (the call's archive must stay under ~20 MB to come back:
+# run 88's fleet call, with all eight records, was 21 MB and did not)
+keep_p0_records() { find "$1" -name "${2:-*}.jsonl.*" ! -name '*.p0' -delete 2>/dev/null; return 0; }
 mps_env() { { command -v nvidia-cuda-mps-control; nvidia-smi -q | grep -i -m2 "compute mode"; nproc; } > "$R/$1-env.txt" 2>&1; }
 for step in "$@"; do
   s=$(date +%s)
@@ -161,8 +164,7 @@ for step in "$@"; do
             ${FIRST_RECORD:+--record "$R/first${FIRST_TAG:-}-$tree-$m.jsonl"}) \
             > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
-          # process p0's record only (the archive must stay under ~20 MB to come back)
-          find "$R" -name "first${FIRST_TAG:-}-$tree-$m.jsonl.*" ! -name '*.p0' -delete 2>/dev/null
+          keep_p0_records "$R" "first${FIRST_TAG:-}-$tree-$m"
           grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
           # the findings (first failing example, shrunk or not) and each worker's confirmations
           python3 - "$R/first${FIRST_TAG:-}-$tree-$m.json" <<'PY' 2>&1 | tee "$R/first${FIRST_TAG:-}-$tree-$m-summary.txt"
@@ -339,8 +341,7 @@ PY
           --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
           --json "$R/$name.json" > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-240
-        # process p0's record only (run 88's six runs kept all eight: a 21 MB archive that did not come back)
-        find "$R/$name-rec" -name '*.jsonl.*' ! -name '*.p0' -delete 2>/dev/null
+        keep_p0_records "$R/$name-rec"
       done ;;
     g32fault)
       # issue 32: a kernel that faults (gpu_oob_full_window: an out-of-bounds access on a full window) under the
