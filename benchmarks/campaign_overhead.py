@@ -26,6 +26,7 @@ import cProfile
 import dataclasses
 import io
 import json
+import os
 import platform
 import pstats
 import sys
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # roundtrip, the isolated stand-in check's module
 
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.control import current_build_context  # noqa: E402
@@ -55,30 +57,19 @@ def _passing(target, case, device) -> Findings:
     return f
 
 
-def spin_passing(target, case, device) -> dict:
-    """The isolated stand-in check (run in the worker by name, Worker's measurement path): hold the worker's CPU for
-    $GDN_FUZZ_SPIN_MS and return the metrics a passing verdict carries."""
-    import os
-
-    t0, ms = time.perf_counter(), float(os.environ.get("GDN_FUZZ_SPIN_MS", "2.5"))
-    while time.perf_counter() - t0 < ms / 1e3:
-        pass
-    return {n: [1e-3] * case.B for n in ("y", "k", "u", "g", "fold")}
-
-
 def isolated_run(seconds: float, defer: bool, seeds: int, check_ms: float) -> dict:
-    """One campaign through an isolated worker whose check is spin_passing (a passing verdict after check_ms)."""
-    import os
+    """One campaign through an isolated worker whose check is benchmarks/roundtrip.py's stand-in (spin: it holds the
+    worker's CPU for check_ms and passes).  Importing roundtrip puts this folder on the worker's PYTHONPATH."""
+    import roundtrip  # noqa: F401 - the worker imports its spin by name
 
     from gdn_fuzz.engine.isolation import MEASURE
 
     os.environ["GDN_FUZZ_SPIN_MS"] = str(check_ms)
-    here = str(Path(__file__).resolve().parent)  # the worker imports this module by name
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    prop = dataclasses.replace(get_property("launch"), name=f"{MEASURE}campaign_overhead:spin_passing")
+    prop = dataclasses.replace(get_property("launch"), name=f"{MEASURE}roundtrip:spin")
     c = Campaign(target=get_target("reference"), device="cpu", properties=[prop], isolate=True, defer=defer,
                  pipeline=1, seeds_per_example=seeds, spare_worker=False, draws="graph", **MENU)
-    c._worker.start()  # the worker's process start (and a first run's forkserver) before the clock, not inside it
+    c._worker.start()  # the worker's process start (and a first run's forkserver) before the clock, not inside it:
+    c.stats.started = time.monotonic()  # the budget's clock starts at construction otherwise (as in campaign_run)
     t0 = time.perf_counter()
     c.run(seconds=seconds)
     dt = time.perf_counter() - t0
