@@ -58,7 +58,9 @@ per-example records nN.jsonl.<worker>).
                  after the measurement, one more pass under the profiler (one checked
                  launch per shape, or --profile-seconds of campaign) and print where the
                  time goes: cProfile's top entries by own and cumulative time, or
-                 torch.profiler's operator table (CPU and CUDA time).
+                 torch.profiler's operator table (CPU and CUDA time).  phases (table mode): each
+                 part of one checked launch per shape profiled apart (materialize, the "before"
+                 copy and the launch, the check): its GPU time and its top kernels.
 
     python benchmarks/throughput.py --target reference --device cpu --H 1 --HV 2 --json out.json
     python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device
@@ -230,6 +232,39 @@ class _Profiler:
         return buf.getvalue()
 
 
+PHASE_TOP = 12
+
+
+def profile_phases(target, case, device, top=PHASE_TOP) -> str:
+    """torch.profiler over each part of one checked launch of `case` apart (materialize; observe's "before" copy and
+    the launch; check_observed), after one unprofiled checked launch of it: per part its GPU time (the kernels' and
+    copies' own time) and host time, and its top kernels by GPU time.  The parts are the functions check_launch
+    runs, called here one after another as check_launch calls them (observe(inputs=...) is observe less its own
+    materialize)."""
+    check_launch(target, case, device)  # the compiles and the graphs' captures for this shape, outside the profile
+    _sync(device)
+    lines = [f"==== phases: {case.arm} T={case.T} B={case.B} H={case.H} HV={case.HV} draws={case.draws}"]
+    state = {}
+    parts = (("materialize", lambda: state.update(inputs=materialize(case, device))),
+             ("before+launch", lambda: state.update(obs=observe(target, case, device, inputs=state["inputs"]))),
+             ("check", lambda: checks.check_observed(state["obs"])))
+    for name, fn in parts:
+        with _Profiler("torch", device) as prof:
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            host = time.perf_counter() - t0
+        # the device's own events (kernels, copies); a CPU op's device time is theirs again (torch's table sums the same)
+        evs = [e for e in prof.p.key_averages()
+               if e.device_type != torch.autograd.DeviceType.CPU and e.self_device_time_total > 0]
+        gpu = sum(e.self_device_time_total for e in evs)
+        lines.append(f"-- {name}: wall {host * 1e3:.3f} ms (under the profiler), GPU {gpu / 1e3:.3f} ms in "
+                     f"{sum(e.count for e in evs)} kernels and copies")
+        for e in sorted(evs, key=lambda e: -e.self_device_time_total)[:top]:
+            lines.append(f"   {e.self_device_time_total / 1e3:8.3f} ms {e.count:4d}x  {e.key[:110]}")
+    return "\n".join(lines)
+
+
 def _meta(args, target):
     return dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=str(target), device=args.device,
                 torch=torch.__version__, python=platform.python_version(), host_threads=torch.get_num_threads(),
@@ -268,7 +303,13 @@ def run_table(args, target):
                 if args.json:
                     with open(args.json, "w") as fh:
                         json.dump(dict(meta=_meta(args, target), rows=rows), fh, indent=1)
-    if args.profile:
+    if args.profile == "phases":
+        for arm in args.arms:
+            for T in args.T:
+                for B in args.B:
+                    print(profile_phases(target, _case(arm, T, B, args.H, args.HV, seed=B * 10 + T + 1,
+                                                       draws=args.draws), args.device))
+    elif args.profile:
         with _Profiler(args.profile, args.device) as prof:
             for arm in args.arms:
                 for T in args.T:
@@ -450,8 +491,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="campaign mode: campaign seed")
     ap.add_argument("--compare-draws", type=float, metavar="SECONDS",
                     help="campaign mode: then run the other draws mode for SECONDS (same process, no new JIT)")
-    ap.add_argument("--profile", nargs="?", const="cprofile", choices=("cprofile", "torch"),
-                    help="after measuring, profile one more pass and print where the time goes")
+    ap.add_argument("--profile", nargs="?", const="cprofile", choices=("cprofile", "torch", "phases"),
+                    help="after measuring, profile one more pass and print where the time goes (phases: table mode, "
+                         "torch.profiler over each part of one checked launch per shape apart)")
     ap.add_argument("--profile-seconds", type=float, default=5.0, help="campaign mode: seconds profiled")
     ap.add_argument("--oracle", choices=("auto", "spec", "fused", "both"), default="auto",
                     help="the float64 oracle of checks.expectation (GDN_FUZZ_ORACLE for the run); both: table mode "
