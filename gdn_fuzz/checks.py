@@ -25,8 +25,8 @@ from gdn_fuzz import fused_oracle, graphs
 from gdn_fuzz.case import Case, Row, draws_for, materialize
 from gdn_fuzz.compare import floor_of, from_sums, rel_to_magnitude, table_for
 from gdn_fuzz.findings import BITS_DIFFER, Finding, Findings, NON_FINITE, OUT_OF_TOLERANCE, WRONG_VALUE, attach, launch_record, raised
-from gdn_fuzz.observation import (POOL_BUFFERS, READ_ONLY, Observation, RowsLaunch, bits, differ_bits, mapped_rows,
-                                  observe, observe_rows, same_bits)
+from gdn_fuzz.observation import (POOL_BUFFERS, READ_ONLY, Observation, RowsLaunch, bits, differ_bits, drawn,
+                                  mapped_rows, observe, observe_rows, same_bits)
 from gdn_fuzz.oracles import ring as ring_oracle
 from gdn_fuzz.targets import Target
 
@@ -509,13 +509,50 @@ def row_metrics(summary: dict[str, MetricSummary]) -> dict:
 
 def check_launch(target: Target, case: Case, device: str = "cpu") -> Findings:
     """The minimal per-launch property: oracle agreement plus the write set."""
-    try:
-        return _check_launch(target, case, device)
-    finally:
+    return begin_launch(target, case, device)()
+
+
+def begin_launch(target: Target, case: Case, device: str = "cpu", ready: tuple[dict, dict] | None = None):
+    """check_launch in two halves: this one draws (unless `ready`: prepare_launch's, for this case and device),
+    launches and starts the verdict, whose one transfer to the host it queues without waiting for the device; the
+    half it returns, finish() -> Findings, waits for that transfer and judges.  Between the two an isolated worker
+    draws the next case (gdn_fuzz.engine.isolation): the host works while the device ends this verdict.  finish()
+    must be called, once, before the next begin_launch of the same shape (the verdict's CUDA graph is replayed
+    with the next launch's tensors)."""
+    def cleanup():
         if case.fill == "rows" and torch.device(device).type == "cuda" and case.alloc_bytes() > EMPTY_CACHE_BYTES:
             # a pool past 2^31 elements: up to ~10 GiB the caching allocator would keep reserved, on a GPU that
             # several campaign processes share (--processes)
             torch.cuda.empty_cache()
+
+    try:
+        finish = _begin_launch(target, case, device, ready)
+    except BaseException:
+        cleanup()
+        raise
+
+    def finished() -> Findings:
+        try:
+            return finish()
+        finally:
+            cleanup()
+
+    return finished
+
+
+# prepare_launch draws ahead only a launch whose pool and rings take at most this many bytes: a second launch's
+# tensors (and their "before" copies) are alive beside the one being judged.  The campaign's default shapes take
+# under 1 MiB; the per-shape table's B = 64 launch at H = 16, HV = 64 takes ~170 MiB and is drawn ahead too.
+PREPARE_MAX_BYTES = 256 << 20
+
+
+def prepare_launch(case: Case, device: str = "cpu") -> tuple[dict, dict] | None:
+    """What begin_launch(target, case, device) draws before it launches (observation.drawn: materialize and the
+    "before" snapshot; no code of the target runs), or None where it draws nothing ahead: a fill="rows" case (its
+    rows are observed alone, observe_rows), or one past PREPARE_MAX_BYTES."""
+    if case.fill == "rows" or case.alloc_bytes() > PREPARE_MAX_BYTES:
+        return None
+    return drawn(case, device)
 
 
 # check_launch hands the caching allocator's blocks back to the device after a fill="rows" case whose pool and rings
@@ -545,10 +582,10 @@ def verdict_shapes(obs: Observation) -> tuple[dict[str, tuple], int]:
     return shapes, 5  # 4 buffers' changed-outside flags, then one for the read-only inputs and cursors
 
 
-def _check_launch(target: Target, case: Case, device: str) -> Findings:
+def _begin_launch(target: Target, case: Case, device: str, ready):
     if case.fill == "rows" and case.used_slots():  # (with no row on the pool, observe() draws nothing big)
-        return check_rows(observe_rows(target, case, device))
-    return check_observed(observe(target, case, device))
+        return _begin_rows(observe_rows(target, case, device))
+    return _begin_observed(observe(target, case, device, ready=ready))
 
 
 def set_rows(t: torch.Tensor) -> torch.Tensor:
@@ -588,27 +625,58 @@ def check_rows(rl: RowsLaunch) -> Findings:
     oracle agreement and write set, as a small launch of the same rows: replayed from the CUDA graph of that shape)
     and rows_outside for the rest of the pool, in one transfer.  The evidence of a failing launch is that of the
     whole launch (RowsLaunch.full: "before" drawn again, the whole pool compared), as check_observed gives it."""
+    return _begin_rows(rl)()
+
+
+def _begin_rows(rl: RowsLaunch):
     if rl.obs.error is not None:
-        return check_observed(rl.full())
-    return _judged(rl.obs, rl.case, rows_outside(rl), rl.full)
+        return lambda: check_observed(rl.full())
+    return _judge(rl.obs, rl.case, rows_outside(rl), rl.full)
 
 
 def check_observed(obs: Observation) -> Findings:
     """check_launch's verdict on a launch already observed (observe(target, case, device) of obs.case)."""
+    return _begin_observed(obs)()
+
+
+def _begin_observed(obs: Observation):
     if obs.error is not None:
-        return attach(Findings(check_oracle(obs)), launch_record(obs.case))
-    return _judged(obs, obs.case, None, lambda: obs)
+        return lambda: attach(Findings(check_oracle(obs)), launch_record(obs.case))
+    return _judge(obs, obs.case, None, lambda: obs)
 
 
-def _judged(obs: Observation, case: Case, more_flags: torch.Tensor | None, whole) -> Findings:
+def _to_host(t: torch.Tensor):
+    """The one transfer of a verdict, queued: a function that waits for it and returns t's values as a list.  On a
+    CUDA device a copy into page-locked memory and an event behind it, so the host may work until it reads; t may
+    be a CUDA graph's output, which the copy has read before any later replay on the stream."""
+    if t.device.type != "cuda":
+        return t.tolist
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read() -> list:
+        done.synchronize()
+        return host.tolist()
+
+    return read
+
+
+def _judge(obs: Observation, case: Case, more_flags: torch.Tensor | None, whole):
     """The verdict of `obs` (graphs.run of verdict), with more write flags (a bool device tensor, or None) read in
-    the same transfer; a failing launch's evidence is computed on whole() (the launch as observe() sees it); the
-    findings carry case's launch record."""
+    the same transfer, in two halves: the verdict started and its transfer queued (this call), then the function
+    returned, finish() -> Findings, which waits for the transfer and judges (begin_launch).  A failing launch's
+    evidence is computed on whole() (the launch as observe() sees it); the findings carry case's launch record."""
     shapes, n_flags = verdict_shapes(obs)
     got = graphs.run(verdict, obs, lambda o: _check_case_cursors(o.case))
     if more_flags is not None:
         got, n_flags = torch.cat([got, more_flags.double()]), n_flags + more_flags.numel()
-    flat = got.cpu().tolist()  # the one transfer
+    read = _to_host(got)  # the one transfer
+    return lambda: _judged_from(obs, case, read(), shapes, n_flags, whole)
+
+
+def _judged_from(obs: Observation, case: Case, flat: list, shapes: dict, n_flags: int, whole) -> Findings:
     summary = read_summary(flat, shapes)
     passed = obs.output is not None and not any(flat[len(flat) - n_flags:]) and all(
         sm.ratio <= 1.0 or not sm.any_live for sm in summary.values())

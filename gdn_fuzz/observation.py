@@ -38,14 +38,25 @@ def clone_inputs(inputs: dict) -> dict:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
-def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
-            output: torch.Tensor | None = None) -> Observation:
-    """Run one launch.  Exceptions raised by the target are kept in the Observation."""
-    from_case = inputs is None
-    inputs = materialize(case, device) if inputs is None else inputs
+def drawn(case: Case, device: str = "cpu") -> tuple[dict, dict]:
+    """(inputs, before) of observe(target, case, device): materialize(case) and its "before" snapshot, the part of
+    observe that runs no code of the target (what an isolated worker draws ahead while the check before it ends:
+    gdn_fuzz.engine.isolation)."""
+    inputs = materialize(case, device)
     # fill="rows" (a pool past 2^31 elements, mostly untouched zeros): "before" is drawn again rather
     # than cloned, which would write every page of the pool; materialize is a function of the case
-    before = materialize(case, device) if from_case and case.fill == "rows" else clone_inputs(inputs)
+    return inputs, materialize(case, device) if case.fill == "rows" else clone_inputs(inputs)
+
+
+def observe(target: Target, case: Case, device: str = "cpu", *, inputs: dict | None = None,
+            output: torch.Tensor | None = None, ready: tuple[dict, dict] | None = None) -> Observation:
+    """Run one launch.  Exceptions raised by the target are kept in the Observation.  inputs: the launch's own
+    tensors (not materialize(case)'s); ready: drawn(case, device) already made (the same launch from its Case)."""
+    from_case = inputs is None
+    if from_case:
+        inputs, before = drawn(case, device) if ready is None else ready
+    else:
+        before = clone_inputs(inputs)
     kwargs = dict(inputs)
     if output is not None:
         kwargs["output"] = output

@@ -189,6 +189,33 @@ def test_check_launch_same_with_and_without_graphs(fresh, monkeypatch, name, dra
         assert any(f for f, _ in eager), f"{name}: no finding on these cases (the test would be vacuous)"
 
 
+@cuda
+@pytest.mark.parametrize("name", ("reference", "mutant:fold_skipped"))
+def test_a_case_drawn_ahead_changes_no_verdict(fresh, name):
+    """What an isolated worker does with a case sent ahead (gdn_fuzz.engine.isolation, $GDN_FUZZ_DRAW_AHEAD): each
+    launch begun (checks.begin_launch: its verdict and transfer queued), the next case drawn (prepare_launch: a
+    replay of the same draw graph, which rewrites the outputs it holds, while the verdict is still queued), then the
+    launch finished.  The same findings and metric bits as check_launch of each case alone, on replayed graphs."""
+    target = get_target(name)
+    cases = [Case(arm="bf16", T=4, H=2, HV=4, pool=4, flush_min=fm, draws="graph", seed=s,
+                  rows=(Row(2, 16, 20), Row(0, 9, 30), Row(3, 3, 1))) for fm in (9, 3) for s in range(4)]
+
+    def said(f):
+        return [str(x) for x in f], f.metrics
+
+    alone = [said(checks.check_launch(target, c, "cuda")) for c in cases]  # the keys' captures happen here
+    replays, draws = graphs.stats().replays, graphs.draw_stats().replays
+    ahead, ready = [], checks.prepare_launch(cases[0], "cuda")
+    for c, nxt in zip(cases, [*cases[1:], None]):
+        finish = checks.begin_launch(target, c, "cuda", ready)
+        ready = None if nxt is None else checks.prepare_launch(nxt, "cuda")
+        ahead.append(said(finish()))
+    assert ahead == alone
+    assert graphs.stats().replays - replays == len(cases) and graphs.draw_stats().replays - draws == len(cases)
+    if name != "reference":
+        assert any(f for f, _ in alone), f"{name}: no finding on these cases (the test would be vacuous)"
+
+
 @settings(max_examples=6, deadline=None)
 @given(cases=st.lists(same_key_cases(), min_size=2, max_size=3))
 def test_static_copies_give_the_eager_bits(cases):

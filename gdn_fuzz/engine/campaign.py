@@ -477,6 +477,11 @@ class Campaign:
             return self._worker.graph_counts
         return graphs.counts()
 
+    def drawn_ahead(self) -> int | None:
+        """Checks whose case the isolated worker drew while the check before it ended (Worker.drawn_ahead), or None
+        without isolation."""
+        return None if self._worker is None else self._worker.drawn_ahead
+
     def worker_startups(self) -> list[dict]:
         """Worker.startups of the isolated worker (every process it started), or [] without isolation."""
         return [] if self._worker is None else list(self._worker.startups)

@@ -31,6 +31,9 @@ Robustness of the fuzzer itself:
                 (and the campaign drawing the one after) while this one runs.  A crash or a hang is
                 the oldest unanswered case's; the cases sent after it never ran, and are sent
                 again to the fresh worker.
+  drawn ahead   with a case sent ahead, the worker takes it from the pipe as the check before it
+                waits for its verdict on the device, and draws it then (Worker.draw_ahead,
+                $GDN_FUZZ_DRAW_AHEAD; the launch property's prepare: no code of the target runs).
 
 Workers are started by a forkserver that has imported torch and gdn_fuzz but never touched
 CUDA, so a restart costs a fork, not a fresh interpreter (the target module and its JIT
@@ -59,7 +62,7 @@ from pathlib import Path
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import LEGAL_T, Case
 from gdn_fuzz.prefix_case import load_case
-from gdn_fuzz import graphs
+from gdn_fuzz import environment, graphs
 from gdn_fuzz.environment import write_atomic
 from gdn_fuzz.checks import OraclePrep
 from gdn_fuzz.findings import Finding, Findings, normalize_message, raised
@@ -249,13 +252,14 @@ def _prep_failed(conn, prep) -> bool:
 
 def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None = None,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T,
-                 mps_pipe: str | None = None) -> None:
+                 mps_pipe: str | None = None, ahead_on: bool = False) -> None:
     """Handshake ('ready' | 'setup'), then loop: receive (property, case dict), run the check,
     send (kind, payload, compiles) with kind 'ok' | 'error' | 'fatal' | 'setup' (the oracle did not compile:
     the worker ends).  torch_threads: torch's intra-op threads in this worker (None: torch's default, every
     core); oracle_arms / oracle_Ts: the oracle compiles started at 'ready' on a thread (oracle_to_prepare,
     checks.OraclePrep); mps_pipe: the pipe folder of the run's MPS daemon (gdn_fuzz.engine.mps), set before anything
-    starts CUDA in this process (None: the environment as inherited)."""
+    starts CUDA in this process (None: the environment as inherited); ahead_on: draw a case sent ahead while the
+    check before it ends (Worker.draw_ahead)."""
     _die_with_parent(os.getppid() if campaign_pid is None else campaign_pid)
     if mps_pipe:
         os.environ[mps.PIPE_ENV] = mps_pipe
@@ -282,15 +286,22 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
     # parent's ready_s is the start's, not when it read the message (a spare worker's is read later)
     conn.send(("ready", dict(target_s=round(t1 - t0, 3), at=time.monotonic()), 0))
     arms_seen: set = set()  # compiles are counted over every arm this worker loaded
+    cuda = str(device).startswith("cuda")
+    ahead = None  # the next message, received while a check ended (_Ahead)
     while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
+        if ahead is not None:
+            msg, pre, ahead = ahead.msg, ahead, None
+        else:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            pre = None
         if msg is None:
             return
         prop_name, text, inflight = msg
-        t_got = time.perf_counter()
+        # the worker's own seconds for this check (_itself) count what it drew ahead for it
+        t_got = time.perf_counter() - (0.0 if pre is None else pre.seconds)
         try:
             try:
                 write_atomic(inflight, text)  # all of the text or no file, before the launch
@@ -301,18 +312,31 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             conn.send(("inflight", f"cannot save the in-flight case to {inflight}: {e}", 0))
             continue
         try:
-            case = load_case(json.loads(text)["case"])
+            case = load_case(json.loads(text)["case"]) if pre is None or pre.case is None else pre.case
             arms_seen.add(case.arm)
+            done = None
             if prop_name.startswith(MEASURE):  # a measurement (Worker.measure): no findings, its numbers
                 module, _, name = prop_name[len(MEASURE):].partition(":")
                 found = Findings()
                 found.metrics = getattr(importlib.import_module(module), name)(target, case, device)
             else:
-                found = get_property(prop_name).check(target, case, device)
-            if str(device).startswith("cuda"):
+                prop = get_property(prop_name)
+                if ahead_on and prop.begin is not None:
+                    finish = prop.begin(target, case, device, None if pre is None else pre.ready)
+                    done = _event() if cuda else None
+                    ahead = _draw_ahead(conn, device)
+                    found = finish()
+                else:
+                    found = prop.check(target, case, device)
+            if cuda:
                 import torch
 
-                torch.cuda.synchronize()  # surface asynchronous kernel faults here, not in the next case
+                # surface asynchronous kernel faults here, not in the next case: the whole device, or, with the next
+                # case drawn ahead (its draw queued behind this check on the stream), everything up to its draw
+                if ahead is not None and ahead.ready is not None:
+                    done.synchronize()
+                else:
+                    torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported, and fatal ones end the worker
             said = f"{type(e).__name__}: {e}"
             fatal = classify(said) == "fatal"
@@ -331,10 +355,69 @@ def _worker_main(conn, target_name: str, device: str, campaign_pid: int | None =
             Path(inflight).unlink(missing_ok=True)  # answered: a crash or a hang leaves the file
         conn.send(("fatal" if fatal_in else "ok",
                    dict(findings=[dict(f.__dict__) for f in found], metrics=getattr(found, "metrics", None),
-                        graphs=graphs.counts(), oracle=None if prep is None else prep.report(), **_itself(t_got)),
+                        graphs=graphs.counts(), oracle=None if prep is None else prep.report(),
+                        drawn_ahead=pre is not None and pre.ready is not None, **_itself(t_got)),
                    sum(target.compile_count(a) for a in arms_seen)))
         if fatal_in:
             os._exit(3)
+
+
+DRAW_AHEAD_ENV = "GDN_FUZZ_DRAW_AHEAD"
+
+
+def draw_ahead_default(device: str) -> bool:
+    """Does an isolated worker draw the next case while the device ends this one's check ($GDN_FUZZ_DRAW_AHEAD)?
+    auto (default): on a CUDA device, where a check ends waiting for its verdict's transfer; on, off.  Only for a
+    property with begin and prepare (the launch property), and only when the next case is in the pipe already (sent
+    ahead: deferred verdicts).  Then the worker takes it from the pipe before it answers this one, and draws it
+    (prepare: materialize and the "before" copy, no code of the target); the in-flight file, the launch and the
+    answers keep their order.  A draw that raises is dropped and made again in the case's own turn, so an error (an
+    asynchronous fault of this check's kernel, surfacing in the draw) is the check's that caused it."""
+    which = environment.choice(DRAW_AHEAD_ENV, ("auto", "on", "off"), "auto: on a CUDA device; on; off: each case "
+                               "drawn in its own turn")
+    return which == "on" or (which == "auto" and str(device).startswith("cuda"))
+
+
+@dataclass
+class _Ahead:
+    """The next message, taken from the pipe while a check ended: msg None is the end (None sent, or the pipe
+    closed); case and ready: its case and prepare's result (None: not drawn ahead); seconds: the draw's."""
+
+    msg: tuple | None
+    case: Case | None = None
+    ready: object = None
+    seconds: float = 0.0
+
+
+def _event():
+    """A CUDA event recorded on the current stream now."""
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev
+
+
+def _draw_ahead(conn, device: str) -> _Ahead | None:
+    """The next message if one is in the pipe (None: none is), its case drawn ahead where its property can
+    (Property.prepare)."""
+    if not conn.poll(0):
+        return None
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return _Ahead(None)
+    if msg is None or msg[0].startswith(MEASURE):
+        return _Ahead(msg)
+    t0 = time.perf_counter()
+    try:
+        prop = get_property(msg[0])
+        if prop.prepare is None:
+            return _Ahead(msg)
+        case = load_case(json.loads(msg[1])["case"])
+        return _Ahead(msg, case, prop.prepare(case, device), time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - drawn again in its own turn, where its error is its own
+        return _Ahead(msg)
 
 
 def _itself(t_got: float) -> dict:
@@ -405,8 +488,11 @@ class Worker:
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_rss_mb: float | None = None,
                  max_checks: int | None = DEFAULT_MAX_CHECKS, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  torch_threads: int | None = None, oracle_arms=ARM_NAMES, oracle_Ts=LEGAL_T, spare: bool = False,
-                 recycle_amortize: float = RECYCLE_AMORTIZE, mps_pipe: str | None = None):
+                 recycle_amortize: float = RECYCLE_AMORTIZE, mps_pipe: str | None = None,
+                 draw_ahead: bool | None = None):
         self.target_name, self.device, self.name = target_name, device, name
+        # the worker draws a case sent ahead while the check before it ends (None: draw_ahead_default, read here)
+        self.draw_ahead = draw_ahead_default(device) if draw_ahead is None else bool(draw_ahead)
         self.mps_pipe = mps_pipe or None
         # when and why this Worker left MPS (None: it did not), and each check of a case again in its own context
         self.mps_left: dict | None = None
@@ -447,6 +533,7 @@ class Worker:
         self._owner_pid = os.getpid()
         self._inflight_text: str | None = None  # the in-flight file's text of the check last sent
         self.last_worker_s: float | None = None  # the worker's own seconds for the last check (no round trip)
+        self.drawn_ahead = 0  # checks answered whose case the worker drew ahead (self.draw_ahead)
         # one entry per worker process started: seconds from the start to 'ready' (ready_s), of which loading the
         # target (target_s); the oracle's compiles on the worker's thread (oracle_s) and how long checks waited
         # for them (oracle_wait_s); the first check's seconds and JIT compiles (first_check_s,
@@ -525,7 +612,7 @@ class Worker:
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(child, self.target_name, self.device, os.getpid(),
                                                       self.torch_threads, self.oracle_arms, self.oracle_Ts,
-                                                      self.mps_pipe),
+                                                      self.mps_pipe, self.draw_ahead),
                            daemon=True)
         proc.start()
         child.close()
@@ -711,6 +798,7 @@ class Worker:
     def _answered(self, payload: dict) -> None:
         """What the worker said of itself with an answer (_itself)."""
         self.last_rss_mb, self.last_worker_s = payload.get("rss_mb"), payload.get("worker_s")
+        self.drawn_ahead += bool(payload.get("drawn_ahead"))
 
     def _start_paid_for(self) -> bool:
         """Has the live worker lived recycle_amortize times what its start cost (ready_s + first_check_s)?"""

@@ -157,7 +157,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, confirm_wait_s=round(s.confirm_wait_s, 3),
-                graphs=camp.graph_counts(),
+                graphs=camp.graph_counts(), drawn_ahead=camp.drawn_ahead(),
                 worker_startups=camp.worker_startups(), confirmations=camp.confirmations(),
                 confirmations_at_once=camp.confirmations_at_once if camp.isolate else None, mps=camp.mps_summary(),
                 budget_examples=spec.examples, interrupted=camp.interrupted, per_property=s.per_property,

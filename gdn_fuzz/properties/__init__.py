@@ -28,6 +28,8 @@ LAUNCH = Property(
     doc="outputs, appended k/u/g and the fold vs the float64 oracle; nothing outside the write set changes",
     check=checks.check_launch,
     pool_scale=True,  # check_launch observes a fill="rows" case's rows alone (observe_rows): no copy of the pool
+    begin=checks.begin_launch,
+    prepare=checks.prepare_launch,
 )
 
 REGISTRY: dict[str, Property] = {p.name: p for p in (LAUNCH, *relations.PROPERTIES, *contract.PROPERTIES,

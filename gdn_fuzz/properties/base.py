@@ -53,7 +53,13 @@ class Property:
 
     pool_scale: the campaign passes its pool-scale kinds (strategies.pool_scales_for) to the strategy
     as pool_scales=: pools of thousands of slots and past 2^31 elements (fill="rows").  Only for a
-    check that never copies the whole pool (clone_inputs of such a case writes every page)."""
+    check that never copies the whole pool (clone_inputs of such a case writes every page).
+
+    begin, prepare (optional, both or neither): check in two halves, for an isolated worker that draws the next
+    case while the device ends this one's check (gdn_fuzz.engine.isolation, $GDN_FUZZ_DRAW_AHEAD).
+    begin(target, case, device, ready) -> finish, finish() -> list[Finding]: check() is begin(..., None)().
+    prepare(case, device) -> ready or None: what begin would draw first, made ahead; it runs no code of the target
+    (a crash or a fault while it runs is the check's before it).  None: begin draws it itself."""
 
     name: str
     clauses: str
@@ -63,3 +69,5 @@ class Property:
     reseed: bool = True
     pool_scale: bool = False  # the strategy takes pool_scales= (a check that never copies the whole pool)
     kernel: str = "flush"  # the kernel whose targets it checks (Target.kernel): "flush" or "materialize"
+    begin: Callable | None = None  # (target, case, device, ready) -> finish; finish() -> list[Finding]
+    prepare: Callable | None = None  # (case, device) -> ready for begin, or None
