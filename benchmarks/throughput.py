@@ -409,7 +409,7 @@ def _tally(recs: list[dict], n: int, threads: int, codes: list, base) -> dict:
                 ratio_to_anchor=per30 / ANCHOR_PER_30S, pipeline=[r.get("pipeline") for r in recs],
                 defer_verdicts=[r.get("defer_verdicts") for r in recs],
                 seeds_per_example=[r.get("seeds_per_example") for r in recs],
-                structures=[r.get("structures") for r in recs])
+                structures=[r.get("structures") for r in recs], drawn_ahead=[r.get("drawn_ahead") for r in recs])
 
 
 def run_product(args, target) -> dict:
