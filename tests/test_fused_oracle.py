@@ -45,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from gdn_fuzz import checks, fused_oracle
@@ -509,7 +509,23 @@ def _observed(case: Case, perturb: str, device: str = "cpu"):
         p += (torch.randn(p.shape, generator=torch.Generator().manual_seed(case.seed)) * 1e-2).to(p)
     elif perturb == "no_output":
         obs = dataclasses.replace(obs, output=None)
+    for t in [*obs.after.values(), obs.output]:
+        _zero_bf16_subnormals(t)
     return obs
+
+
+BF16_TINY = torch.finfo(torch.bfloat16).tiny  # the smallest normal bfloat16, 2^-126
+
+
+def _zero_bf16_subnormals(t) -> None:
+    """Zero, in place, the subnormal values of a bfloat16 tensor (anything else is left alone).  Triton's interpreter
+    (3.9.0, CPU) widens a bfloat16 subnormal wrongly: 7.255e-39 read as 2.755e-39, 3.03e-39 as 3.67e-40, 9.18e-41 as
+    0 (float16 and float32 subnormals are read right); a launch with vanishing decay leaves such values in the pool,
+    and the measure test then compared the fused kernel's reading of them with the spec's (an error sum off by 2.8e-7
+    of itself, 2026-12-07).  Both oracles read the same zeros instead; the kernel's own conversion on a GPU, where
+    subnormals are kept, is tests/test_graphs.py's and test_fused_on_cuda_matches_spec's."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:
+        t.masked_fill_((t != 0) & (t.abs() < BF16_TINY), 0.0)
 
 
 def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu"):
@@ -532,8 +548,14 @@ def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu"):
     return int((want[..., 2] > 0).sum())
 
 
+# a launch whose pool after holds bfloat16 subnormals (vanishing decay): _zero_bf16_subnormals
+SUBNORMAL_POOL = Case(arm="bf16", T=4, H=2, HV=2, pool=1, rows=(Row(0, 1, 0),), seed=0, flush_min=1,
+                      regime=Regime(state_scale=0.1, decay="vanishing", beta="zero"))
+
+
 @hsettings(8)
 @given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)))
+@example(case=SUBNORMAL_POOL, perturb="none", block_v=32)
 def test_measure_matches_summed_errors(interpreter, case, perturb, block_v):
     """fused_oracle.measure's sums equal checks.summed_errors of the spec's expectation (bound above), for the
     reference target's launch and for one planted error in what it left (NaN, inf, noise, no output)."""
