@@ -170,6 +170,23 @@ def reset() -> None:
     _DRAWS = _Cache("draw program", MAX_DRAW_GRAPHS, MAX_DRAW_BYTES)
 
 
+def copy_all(dst: list, src: list) -> None:
+    """dst[i].copy_(src[i]) for every i in one call (torch._foreach_copy_: on CUDA a few multi-tensor kernels for
+    the lot instead of a launch and its host dispatch per tensor; the same bits).  A check's host part copied its
+    tensors one by one: 60 copies per check on the campaign's shapes, most of them here (docs/benchmarks.md, issue
+    32, ninth part)."""
+    if dst:
+        torch._foreach_copy_(dst, src)
+
+
+def clone_all(ts: list) -> list:
+    """[t.clone() for t in ts] (the same layouts: empty_like keeps a dense tensor's strides, as clone does), copied by
+    copy_all."""
+    out = [torch.empty_like(t) for t in ts]
+    copy_all(out, list(ts))
+    return out
+
+
 def _tensors(d: dict):
     return tuple((k, v) for k, v in d.items() if isinstance(v, torch.Tensor))
 
@@ -248,17 +265,23 @@ class _Graph:
 
     def load(self, obs) -> None:
         n = obs.before["initial_state_source"].shape[0]
-        for static, src in ((self.before, obs.before), (self.after, obs.after)):
-            for k, v in _tensors(src):
+        dst, src, stale = [], [], []
+        for static, given in ((self.before, obs.before), (self.after, obs.after)):
+            for k, v in _tensors(given):
                 if _padded(k, v):
-                    static[k][:n].copy_(v)
+                    dst.append(static[k][:n])
                     if n < self.rows:  # the previous launch's rows past this pool: zeros again, before and after
-                        static[k][n:self.rows].zero_()
+                        stale.append(static[k][n:self.rows])
                 else:
-                    static[k].copy_(v)
-        self.rows = n
+                    dst.append(static[k])
+                src.append(v)
         if self.output is not None:
-            self.output.copy_(obs.output)
+            dst.append(self.output)
+            src.append(obs.output)
+        copy_all(dst, src)
+        if stale:
+            torch._foreach_zero_(stale)
+        self.rows = n
         self.flush_min.fill_(obs.case.fmin)
 
     def run(self, obs) -> torch.Tensor:
@@ -313,7 +336,7 @@ class _DrawGraph:
 
 def _owned(out: dict, pool: int) -> dict:
     """The draw program's outputs as the caller's own tensors, the pool-indexed ones cut to `pool` rows."""
-    return {k: (v[:pool] if k in POOL_BUFFERS else v).clone() for k, v in out.items()}
+    return dict(zip(out, clone_all([v[:pool] if k in POOL_BUFFERS else v for k, v in out.items()])))
 
 
 _POOLS: dict = {}

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gdn_fuzz.case import Case, compact, materialize, spread_rows
-from gdn_fuzz.graphs import POOL_BUFFERS  # the buffers indexed by pool slot (dim 0)
+from gdn_fuzz.graphs import POOL_BUFFERS, clone_all  # POOL_BUFFERS: the buffers indexed by pool slot (dim 0)
 from gdn_fuzz.targets import Target
 
 
@@ -34,8 +34,10 @@ class Observation:
 def clone_inputs(inputs: dict) -> dict:
     """A private copy of a launch's keyword arguments: every tensor cloned, anything else kept
     (a launch writes the rings, the pool and the cursors in place).  The one clone helper of
-    the properties (gdn_fuzz.properties) and of observe()'s "before" snapshot."""
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    the properties (gdn_fuzz.properties) and of observe()'s "before" snapshot (the clones made in one call:
+    graphs.clone_all)."""
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    return dict(inputs, **dict(zip(names, clone_all([inputs[k] for k in names]))))
 
 
 def drawn(case: Case, device: str = "cpu") -> tuple[dict, dict]:
