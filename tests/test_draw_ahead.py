@@ -2,9 +2,9 @@
 32): the isolated worker takes the next message from its pipe once this check's verdict is queued on the device, and
 draws that case (the launch property's prepare: materialize and the "before" copy) before it answers this one.  The
 launch, the in-flight file and the answers keep their order, so nothing a campaign records may change.  These tests
-run on the CPU, where the switch is off unless set on (auto: CUDA devices only); the verdict's bits with a draw
-graph replayed between a launch and its verdict are held on a GPU (tests/test_graphs.py,
-test_a_case_drawn_ahead_changes_no_verdict); the time it saves is measured there (docs/benchmarks.md).
+run on the CPU with the switch set on (it is off by default); the verdict's bits with a draw graph replayed between a
+launch and its verdict are held on a GPU (tests/test_graphs.py, test_a_case_drawn_ahead_changes_no_verdict); what it
+does to the checks per second is measured there (docs/benchmarks.md, "Issue 32, seventeenth part").
 """
 
 from __future__ import annotations
@@ -102,16 +102,15 @@ def test_prepare_draws_nothing_for_a_rows_case_or_a_big_one(monkeypatch):
 
 
 def test_the_switch(monkeypatch):
-    """auto (unset): on for a CUDA device only; on, off; anything else a ValueError naming the variable and the
+    """off (unset, the default) or on, whatever the device; anything else a ValueError naming the variable and the
     choices (the CLI's usage error: tests/test_triage.py's bad-switch test).  A Worker reads it when made."""
     monkeypatch.delenv(DRAW_AHEAD_ENV, raising=False)
-    assert draw_ahead_default("cuda") and draw_ahead_default("cuda:1") and not draw_ahead_default("cpu")
-    monkeypatch.setenv(DRAW_AHEAD_ENV, "off")
-    assert not draw_ahead_default("cuda")
+    assert not draw_ahead_default("cuda") and not draw_ahead_default("cpu")
+    assert not Worker("reference", "cpu").draw_ahead
     monkeypatch.setenv(DRAW_AHEAD_ENV, "on")
-    assert draw_ahead_default("cpu") and Worker("reference", "cpu").draw_ahead
+    assert draw_ahead_default("cpu") and draw_ahead_default("cuda") and Worker("reference", "cpu").draw_ahead
     assert not Worker("reference", "cpu", draw_ahead=False).draw_ahead
     monkeypatch.setenv(DRAW_AHEAD_ENV, "sometimes")
-    with pytest.raises(ValueError, match=f"{DRAW_AHEAD_ENV}='sometimes'.*auto, on, off"):
+    with pytest.raises(ValueError, match=f"{DRAW_AHEAD_ENV}='sometimes'.*off, on"):
         draw_ahead_default("cuda")
     assert isolation.DRAW_AHEAD_ENV == "GDN_FUZZ_DRAW_AHEAD"

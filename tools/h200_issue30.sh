@@ -277,7 +277,8 @@ PY
       # (K: value seeds per drawn structure, --seeds-per-example; empty: the command's default)
       # a TAG starting with "base" runs the base tree (BASE_TAR, unpacked to /tmp/base) in that slot; a TAG containing
       # "defer" runs with deferred verdicts (GDN_FUZZ_DEFER_VERDICTS=on; PIPELINE must be 1 or auto); a TAG containing
-      # "noahead": the worker draws no case ahead (GDN_FUZZ_DRAW_AHEAD=off; the default is auto: on a GPU)
+      # "ahead" (not "noahead"): the worker draws a case sent ahead (GDN_FUZZ_DRAW_AHEAD=on; off otherwise; run 90 ran
+      # when the default was on for a GPU, and named the runs without it "noahead")
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
@@ -295,7 +296,7 @@ PY
         nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 250 > "$R/$name-smi.csv" 2>&1 &
         smi=$!
         dv=off; [[ "$tag" == *defer* ]] && dv=on
-        da=auto; [[ "$tag" == *noahead* ]] && da=off
+        da=off; [[ "$tag" == *ahead* && "$tag" != *noahead* ]] && da=on
         (cd "$tree" && PYTHONPATH=$pp GDN_FUZZ_DEFER_VERDICTS=$dv GDN_FUZZ_DRAW_AHEAD=$da timeout 300 python3 benchmarks/throughput.py \
           --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \

@@ -367,15 +367,18 @@ DRAW_AHEAD_ENV = "GDN_FUZZ_DRAW_AHEAD"
 
 def draw_ahead_default(device: str) -> bool:
     """Does an isolated worker draw the next case while the device ends this one's check ($GDN_FUZZ_DRAW_AHEAD)?
-    auto (default): on a CUDA device, where a check ends waiting for its verdict's transfer; on, off.  Only for a
-    property with begin and prepare (the launch property), and only when the next case is in the pipe already (sent
-    ahead: deferred verdicts).  Then the worker takes it from the pipe before it answers this one, and draws it
-    (prepare: materialize and the "before" copy, no code of the target); the in-flight file, the launch and the
-    answers keep their order.  A draw that raises is dropped and made again in the case's own turn, so an error (an
-    asynchronous fault of this check's kernel, surfacing in the draw) is the check's that caused it."""
-    which = environment.choice(DRAW_AHEAD_ENV, ("auto", "on", "off"), "auto: on a CUDA device; on; off: each case "
-                               "drawn in its own turn")
-    return which == "on" or (which == "auto" and str(device).startswith("cuda"))
+    off (default), on.  Only for a property with begin and prepare (the launch property), and only when the next
+    case is in the pipe already (sent ahead: deferred verdicts).  Then the worker takes it from the pipe before it
+    answers this one, and draws it (prepare: materialize and the "before" copy, no code of the target); the
+    in-flight file, the launch and the answers keep their order.  A draw that raises is dropped and made again in the
+    case's own turn, so an error (an asynchronous fault of this check's kernel, surfacing in the draw) is the check's
+    that caused it.  Off by default: on an H100 (run 90) one deferred process with 4 value seeds per structure
+    checked 7,271 and 8,619 per 30 s with it, 7,763 and 7,713 without it and 7,714 and 8,233 in the tree before it
+    (the worker then waited for the campaign process ~0.6 ms per example, so a faster worker could not show;
+    docs/benchmarks.md, "Issue 32, seventeenth part")."""
+    which = environment.choice(DRAW_AHEAD_ENV, ("off", "on"), "off: each case drawn in its own turn; on: an isolated "
+                               "worker draws a case sent ahead while the check before it ends")
+    return which == "on"
 
 
 @dataclass
