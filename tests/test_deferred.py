@@ -47,14 +47,15 @@ def _insertions(small: list, big: list) -> int | None:
     return extra
 
 
-def test_deferred_verdicts_find_and_shrink_what_waiting_finds():
+@pytest.mark.parametrize("depth", (DEFER_DEPTH, 2))
+def test_deferred_verdicts_find_and_shrink_what_waiting_finds(depth):
     """The same findings, shrunk to the same cases, as the campaign that waits for each verdict; the deferred run
-    checks the waiting run's cases in the same order, plus at most DEFER_DEPTH cases after each first failure (sent
+    checks the waiting run's cases in the same order, plus at most defer_depth cases after each first failure (sent
     before its verdict was read), and checks no case of a rerun again.  Fails if the rerun does not replay the
-    round's cases (a different draw) or checks them again."""
+    round's cases (a different draw) or checks them again.  At the default depth and at 2 ($GDN_FUZZ_DEFER_DEPTH)."""
     runs = {}
     for defer in (False, True):
-        c, rec = _campaign("mutant:fold_skipped", defer)
+        c, rec = _campaign("mutant:fold_skipped", defer, **({"defer_depth": depth} if defer else {}))
         c.run(examples=300)
         runs[defer] = c, _cases(rec)
     (wait, wait_cases), (late, late_cases) = runs[False], runs[True]
@@ -66,13 +67,15 @@ def test_deferred_verdicts_find_and_shrink_what_waiting_finds():
     # the deferred run's checks are the waiting run's, in order, with at most DEFER_DEPTH cases more after each
     # first failure (the example budget then ends it as many examples earlier in the sequence)
     extra = _insertions(wait_cases, late_cases)
-    assert extra is not None and 0 < extra <= DEFER_DEPTH * len(late.findings), extra
+    assert late.defer_depth == depth and extra is not None and 0 < extra <= depth * len(late.findings), extra
     assert late.stats.examples == len(late_cases) == len(wait_cases)
 
 
-def test_a_case_is_sent_before_the_verdict_before_it_is_read(monkeypatch):
-    """The overlap itself: in a deferred round, case n + 1 is in the worker's pipe when the verdict of case n is
-    read, so the worker starts it the moment it answers (Worker.submit / collect).  Fails if the round waits."""
+@pytest.mark.parametrize("depth", (DEFER_DEPTH, 2))
+def test_a_case_is_sent_before_the_verdict_before_it_is_read(monkeypatch, depth):
+    """The overlap itself: in a deferred round, cases n + 1 .. n + defer_depth are in the worker's pipe when the
+    verdict of case n is read, so the worker starts the next the moment it answers (Worker.submit / collect).  Fails
+    if the round waits, or holds more or fewer cases than its depth."""
     from gdn_fuzz.engine.isolation import Worker
 
     calls = []
@@ -80,12 +83,12 @@ def test_a_case_is_sent_before_the_verdict_before_it_is_read(monkeypatch):
     monkeypatch.setattr(Worker, "submit", lambda self, p, c, tag=None: (calls.append(("send", self.pending)),
                                                                  submit(self, p, c, tag)))
     monkeypatch.setattr(Worker, "collect", lambda self: (calls.append(("read", self.pending)), collect(self))[1])
-    c, _ = _campaign("reference", True, props=["launch"])
+    c, _ = _campaign("reference", True, props=["launch"], defer_depth=depth)
     c.run(examples=12)
     reads = [n for kind, n in calls if kind == "read"]
     assert len(reads) == 12 == sum(kind == "send" for kind, _ in calls)
-    # every read but the last of each round finds two cases sent: the one read, and the next (DEFER_DEPTH = 1)
-    assert DEFER_DEPTH == 1 and max(reads) == 2 and reads.count(2) >= 12 - c.stats.rounds, calls
+    # every read but the last `depth` of each round finds depth + 1 cases sent: the one read, and the next `depth`
+    assert max(reads) == depth + 1 and reads.count(depth + 1) >= 12 - depth * c.stats.rounds, calls
 
 
 def test_a_crash_read_late_is_the_crashing_case_and_is_shrunk(tmp_path):
@@ -134,6 +137,24 @@ def test_deferred_verdicts_need_isolation_and_one_round_at_a_time(monkeypatch):
     monkeypatch.setenv("GDN_FUZZ_DEFER_VERDICTS", "sometimes")
     with pytest.raises(ValueError, match="GDN_FUZZ_DEFER_VERDICTS='sometimes'"):
         defer_default(True)
+
+
+def test_the_depth_is_the_campaigns_or_the_environments(monkeypatch):
+    """defer_depth: the Campaign's own, else $GDN_FUZZ_DEFER_DEPTH (1-4), else DEFER_DEPTH; anything else a
+    ValueError naming it, its value and the range."""
+    from gdn_fuzz.engine.campaign import MAX_DEFER_DEPTH
+
+    monkeypatch.delenv("GDN_FUZZ_DEFER_DEPTH", raising=False)
+    assert _campaign("reference", True)[0].defer_depth == DEFER_DEPTH == 1
+    monkeypatch.setenv("GDN_FUZZ_DEFER_DEPTH", "3")
+    assert _campaign("reference", True)[0].defer_depth == 3
+    assert _campaign("reference", True, defer_depth=2)[0].defer_depth == 2
+    for bad in (0, MAX_DEFER_DEPTH + 1, True, 1.5):
+        with pytest.raises(ValueError, match=rf"defer_depth={bad!r}: give an int in \[1, {MAX_DEFER_DEPTH}\]"):
+            _campaign("reference", True, defer_depth=bad)
+    monkeypatch.setenv("GDN_FUZZ_DEFER_DEPTH", "deep")
+    with pytest.raises(ValueError, match="GDN_FUZZ_DEFER_DEPTH='deep' is not a legal choice; use one of 1, 2, 3, 4"):
+        _campaign("reference", True)
 
 
 @pytest.mark.parametrize("argv, words", [

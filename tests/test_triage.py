@@ -199,7 +199,8 @@ def test_usage_errors_exit_2_in_one_line(argv, says, tmp_path):
 
 
 @pytest.mark.parametrize("var", ["GDN_FUZZ_GRAPHS", "GDN_FUZZ_ORACLE", "GDN_FUZZ_SPARE_WORKER",
-                                 "GDN_FUZZ_DEFER_VERDICTS", "GDN_FUZZ_CONFIRMATIONS", "GDN_FUZZ_DRAW_AHEAD"])
+                                 "GDN_FUZZ_DEFER_VERDICTS", "GDN_FUZZ_CONFIRMATIONS", "GDN_FUZZ_DRAW_AHEAD",
+                                 "GDN_FUZZ_DEFER_DEPTH"])
 def test_a_bad_switch_in_the_environment_is_a_usage_error(var, tmp_path, monkeypatch):
     """A campaign's environment switches are read before any check: exit 2, one line naming the variable, its value
     and the legal choices.  Before: GDN_FUZZ_GRAPHS=bogus raised inside every check, and the run filed it as a

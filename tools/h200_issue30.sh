@@ -278,7 +278,8 @@ PY
       # a TAG starting with "base" runs the base tree (BASE_TAR, unpacked to /tmp/base) in that slot; a TAG containing
       # "defer" runs with deferred verdicts (GDN_FUZZ_DEFER_VERDICTS=on; PIPELINE must be 1 or auto); a TAG containing
       # "ahead" (not "noahead"): the worker draws a case sent ahead (GDN_FUZZ_DRAW_AHEAD=on; off otherwise; run 90 ran
-      # when the default was on for a GPU, and named the runs without it "noahead")
+      # when the default was on for a GPU, and named the runs without it "noahead"); "depthN" (N in 1-4): the deferred
+      # worker holds N cases beyond the one it runs (GDN_FUZZ_DEFER_DEPTH; default 1)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
@@ -297,7 +298,8 @@ PY
         smi=$!
         dv=off; [[ "$tag" == *defer* ]] && dv=on
         da=off; [[ "$tag" == *ahead* && "$tag" != *noahead* ]] && da=on
-        (cd "$tree" && PYTHONPATH=$pp GDN_FUZZ_DEFER_VERDICTS=$dv GDN_FUZZ_DRAW_AHEAD=$da timeout 300 python3 benchmarks/throughput.py \
+        dd=1; [[ "$tag" =~ depth([1-4]) ]] && dd=${BASH_REMATCH[1]}
+        (cd "$tree" && PYTHONPATH=$pp GDN_FUZZ_DEFER_VERDICTS=$dv GDN_FUZZ_DRAW_AHEAD=$da GDN_FUZZ_DEFER_DEPTH=$dd timeout 300 python3 benchmarks/throughput.py \
           --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
           --json "$R/$name.json") > "$R/$name.txt" 2>&1

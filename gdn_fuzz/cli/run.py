@@ -75,11 +75,11 @@ def validate_run_args(args) -> None:
     # the switches a campaign's processes read from the environment: a bad value is a usage error here, not an
     # exception inside every check (GDN_FUZZ_GRAPHS=bogus was a 'launch raised' finding against the target)
     from gdn_fuzz import fused_oracle, graphs
-    from gdn_fuzz.engine.campaign import confirmations_default, spare_worker_default
+    from gdn_fuzz.engine.campaign import confirmations_default, defer_depth_default, spare_worker_default
     from gdn_fuzz.engine.isolation import draw_ahead_default
 
     for read in (graphs.choice, fused_oracle.choice, lambda: spare_worker_default("cpu"),
-                 lambda: confirmations_default("cpu", None), lambda: draw_ahead_default("cpu")):
+                 lambda: confirmations_default("cpu", None), lambda: draw_ahead_default("cpu"), defer_depth_default):
         try:
             read()
         except ValueError as e:

@@ -238,9 +238,23 @@ class DeferredFailure(BaseException):
     ends the Hypothesis run at once, and the round is run again to shrink it (Campaign._deferred_pass)."""
 
 
-# deferred verdicts: cases the worker holds beyond the one it runs.  One is enough for the worker never to wait for
-# the next case (the draw of the case after it overlaps the check), and it is what a crash or a stop costs again.
+# deferred verdicts: cases the worker holds beyond the one it runs (Campaign.defer_depth's default).  One is enough for
+# the worker never to wait for the next case while each draw is shorter than a check, and it is what a crash or a stop
+# costs again.  With value seeds per structure (--seeds-per-example K) a new structure's draw (~2.7 ms on the GPU
+# host) comes once per K cases and can outlast the one case the worker holds: in run 90 (H100, K = 4) the worker
+# waited ~0.6 ms per example.  $GDN_FUZZ_DEFER_DEPTH sets another depth for a run (defer_depth_default), to measure it.
 DEFER_DEPTH = 1
+MAX_DEFER_DEPTH = 4
+DEFER_DEPTH_ENV = "GDN_FUZZ_DEFER_DEPTH"
+
+
+def defer_depth_default() -> int:
+    """Cases a deferred campaign's worker holds beyond the one it runs, when not told ($GDN_FUZZ_DEFER_DEPTH: 1 to
+    MAX_DEFER_DEPTH; unset: DEFER_DEPTH)."""
+    which = environment.choice(DEFER_DEPTH_ENV, (str(DEFER_DEPTH), *(str(n) for n in range(1, MAX_DEFER_DEPTH + 1)
+                                                                     if n != DEFER_DEPTH)),
+                               "the cases a deferred campaign's worker holds beyond the one it runs")
+    return int(which)
 
 
 class PropertyFailed(AssertionError):
@@ -395,6 +409,8 @@ class Campaign:
     # isolated: deferred verdicts (_deferred_pass): each case goes to the worker without waiting for its answer,
     # which the round reads one example later; None: $GDN_FUZZ_DEFER_VERDICTS (defer_default)
     defer: bool | None = None
+    # deferred verdicts: cases the worker holds beyond the one it runs; None: defer_depth_default ($GDN_FUZZ_DEFER_DEPTH)
+    defer_depth: int | None = None
     stats: CampaignStats = field(default_factory=CampaignStats)
     findings: dict = field(default_factory=dict)  # signature -> CampaignFinding (new ones)
     known_hits: Counter = field(default_factory=Counter)  # known signature -> examples that showed it
@@ -412,6 +428,12 @@ class Campaign:
         why = defer_conflict(self.defer, self.isolate, self.pipeline)
         if why:
             raise ValueError(why)
+        if self.defer_depth is None:
+            self.defer_depth = defer_depth_default()
+        n = self.defer_depth
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DEFER_DEPTH:
+            raise ValueError(f"defer_depth={n!r}: give an int in [1, {MAX_DEFER_DEPTH}] (cases a deferred campaign's "
+                             "worker holds beyond the one it runs)")
         if self.pipeline is None:
             self.pipeline = 1 if self.defer else pipeline_default(self.device, self.isolate)
         d = self.pipeline
@@ -685,7 +707,7 @@ class Campaign:
     def _deferred_pass(self, hypothesis_run, memo: dict, on_example, on_first) -> bool:
         """Deferred verdicts (self.defer): the round's Hypothesis run with every check sent ahead, so that Hypothesis
         draws the next case while the worker checks this one; each case's verdict is read one example later (the
-        worker holds at most DEFER_DEPTH cases beyond the one it runs) and kept in `memo`.  Hypothesis needs a
+        worker holds at most defer_depth cases beyond the one it runs) and kept in `memo`.  Hypothesis needs a
         failure in the example that drew it, to shrink it, so the first new failure ends this pass, the cases still
         in the worker are answered, and the round is run again from its seed (True): Hypothesis draws the same
         cases, the memo gives their verdicts without a check, and the failure is shrunk as in a round without
@@ -699,7 +721,7 @@ class Campaign:
 
         def send(prop: Property, case: Case) -> None:
             self._submit(prop, case, on_example)
-            while self._worker.pending > DEFER_DEPTH:
+            while self._worker.pending > self.defer_depth:
                 remember(*self._collect(on_first))
                 if failed:
                     raise DeferredFailure

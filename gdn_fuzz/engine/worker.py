@@ -153,7 +153,7 @@ def campaign_record(camp: Campaign, spec: WorkerSpec, target, budget_s: float | 
                 properties=[p.name for p in camp.properties], buckets=list(camp.buckets),
                 pool_scales=list(camp.pool_scales), seed=spec.seed, examples=s.examples, launches=s.launches,
                 compiles=s.compiles, structures=s.structures, seeds_per_example=spec.seeds_per_example,
-                pipeline=camp.pipeline, defer_verdicts=camp.defer,
+                pipeline=camp.pipeline, defer_verdicts=camp.defer, defer_depth=camp.defer_depth if camp.defer else None,
                 cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 warmup_s=s.warmup_s, warmup_compiles=s.warmup_compiles, budget_s=budget_s,
                 shrink_grace_s=camp.shrink_grace_s, grace_used_s=s.grace_s, confirm_wait_s=round(s.confirm_wait_s, 3),
