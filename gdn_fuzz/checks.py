@@ -516,7 +516,8 @@ def begin_launch(target: Target, case: Case, device: str = "cpu", ready: tuple[d
     """check_launch in two halves: this one draws (unless `ready`: prepare_launch's, for this case and device),
     launches and starts the verdict, whose one transfer to the host it queues without waiting for the device; the
     half it returns, finish() -> Findings, waits for that transfer and judges.  Between the two an isolated worker
-    draws the next case (gdn_fuzz.engine.isolation): the host works while the device ends this verdict.  finish()
+    that draws ahead ($GDN_FUZZ_DRAW_AHEAD, gdn_fuzz.engine.isolation) draws the next case: the host works while the
+    device ends this verdict.  finish()
     must be called, once, before the next begin_launch of the same shape (the verdict's CUDA graph is replayed
     with the next launch's tensors)."""
     def cleanup():
@@ -542,7 +543,8 @@ def begin_launch(target: Target, case: Case, device: str = "cpu", ready: tuple[d
 
 # prepare_launch draws ahead only a launch whose pool and rings take at most this many bytes: a second launch's
 # tensors (and their "before" copies) are alive beside the one being judged.  The campaign's default shapes take
-# under 1 MiB; the per-shape table's B = 64 launch at H = 16, HV = 64 takes ~170 MiB and is drawn ahead too.
+# under 1 MiB; a B = 64 launch at H = 16, HV = 64 takes ~170 MiB; the pool-scale cases (fill="rows") are never drawn
+# ahead.
 PREPARE_MAX_BYTES = 256 << 20
 
 
