@@ -1080,3 +1080,36 @@ def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", real)
     write_atomic(p, "new")
     assert p.read_text() == "new" and sorted(x.name for x in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_a_run_freezes_what_was_alive_before_it_and_thaws_it_after(monkeypatch):
+    """Campaign.run keeps the objects alive at its start out of the cyclic collector's full passes while it runs
+    (gc.freeze: a full collection walked the imports too, ~0.1 s each on the CPU machine; FREEZE_GC in
+    gdn_fuzz/engine/campaign.py) and hands them back when it ends, also when it stops on an error: a process that
+    runs several campaigns (pytest, a notebook) would otherwise keep every cycle made before each run for good."""
+    import gc
+
+    from gdn_fuzz.engine.campaign import Campaign
+    from gdn_fuzz.properties import get_property
+    from gdn_fuzz.strategies import CPU_GEOMETRIES
+    from gdn_fuzz.targets import get_target
+
+    assert gc.get_freeze_count() == 0
+    frozen = []
+
+    def make():
+        return Campaign(target=get_target("reference"), device="cpu", properties=[get_property("launch")],
+                        arms=("bf16",), Ts=(4,), geometries=CPU_GEOMETRIES, buckets=(4,), seed=1, corpus_dir=None,
+                        isolate=False)
+
+    make().run(examples=3, on_example=lambda: frozen.append(gc.get_freeze_count()))
+    assert len(frozen) == 3 and min(frozen) > 1000 and gc.get_freeze_count() == 0
+
+    def boom(*a, **k):
+        assert gc.get_freeze_count() > 1000
+        raise RuntimeError("a round that fails")
+
+    monkeypatch.setattr(Campaign, "_round", boom)
+    with pytest.raises(RuntimeError, match="a round that fails"):
+        make().run(examples=3)
+    assert gc.get_freeze_count() == 0

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import random
@@ -180,6 +181,15 @@ def confirmations_default(device: str, torch_threads: int | None) -> int:
         return 1
     return max(1, min(3, (torch_threads or environment.usable_cores()) // 4))
 
+
+# FREEZE_GC: Campaign.run moves every object alive when it starts (the imports: torch, Hypothesis, gdn_fuzz; the
+# warm-up's) out of the cyclic collector's reach (gc.freeze) until it ends (gc.unfreeze), so that a full collection
+# during the run walks only what the run made.  On the CPU machine gc's own callbacks timed the two full collections
+# of a 20 s deferred campaign (stand-in 2.5 ms check, 4 seeds) at 99-138 ms each, the worker idle meanwhile; frozen,
+# 4 full collections took 41-71 ms in all, the longest 19-29 ms, and the campaign took 3.01 ms per example against
+# 3.05-3.09 (two runs each).  In run 90 (H100) the largest gaps between two records were 0.22-0.35 s, twice in each
+# 30 s run; that they were these collections is my reading, not measured there (docs/benchmarks.md, "Issue 32,
+# seventeenth part").
 
 MAX_PIPELINE = 8  # Campaign.pipeline's largest value
 # The interpreter's thread switch interval while rounds run at once (sys.setswitchinterval; Python's default is 5 ms):
@@ -1081,6 +1091,7 @@ class Campaign:
         switch = sys.getswitchinterval()
         if self.pipeline > 1:  # put back in `finally`
             sys.setswitchinterval(min(switch, PIPELINE_SWITCH_S))
+        gc.freeze()  # undone in `finally` (FREEZE_GC)
 
         def next_round():
             with self._lock:
@@ -1127,6 +1138,7 @@ class Campaign:
                     self._keep(self._unshrunk(sig), on_finding)
             return self
         finally:
+            gc.unfreeze()  # what was alive at the start is collectable again (a process that runs several campaigns)
             restore()
             sys.setswitchinterval(switch)
             self._deadline = None
