@@ -59,8 +59,8 @@ per-example records nN.jsonl.<worker>).
                  launch per shape, or --profile-seconds of campaign) and print where the
                  time goes: cProfile's top entries by own and cumulative time, or
                  torch.profiler's operator table (CPU and CUDA time).  phases (table mode): each
-                 part of one checked launch per shape profiled apart (materialize, the "before"
-                 copy and the launch, the check): its GPU time and its top kernels.
+                 part of one checked launch per shape profiled apart (the draw: materialize and
+                 the "before" copy; the launch; the check): its GPU time and its top kernels.
 
     python benchmarks/throughput.py --target reference --device cpu --H 1 --HV 2 --json out.json
     python benchmarks/throughput.py --target production --device cuda --H 16 --HV 64 --draws device
@@ -90,7 +90,7 @@ from gdn_fuzz import checks, fused_oracle, graphs
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Row, materialize
 from gdn_fuzz.checks import check_launch, expectation
-from gdn_fuzz.observation import clone_inputs, observe
+from gdn_fuzz.observation import clone_inputs, drawn, observe
 from gdn_fuzz.targets import get_target
 
 
@@ -236,17 +236,19 @@ PHASE_TOP = 12
 
 
 def profile_phases(target, case, device, top=PHASE_TOP) -> str:
-    """torch.profiler over each part of one checked launch of `case` apart (materialize; observe's "before" copy and
-    the launch; check_observed), after one unprofiled checked launch of it: per part its GPU time (the kernels' and
-    copies' own time) and host time, and its top kernels by GPU time.  The parts are the functions check_launch
-    runs, called here one after another as check_launch calls them (observe(inputs=...) is observe less its own
-    materialize)."""
-    check_launch(target, case, device)  # the compiles and the graphs' captures for this shape, outside the profile
+    """torch.profiler over each part of one checked launch of `case` apart (the draw: materialize and the "before"
+    copy; the launch; check_observed), after unprofiled checked launches of it up to its graphs' capture: per part
+    its GPU time (the kernels' and copies' own time) and host time, and its top kernels by GPU time.  The parts are
+    the functions check_launch runs, called here one after another as it calls them (observation.drawn, then
+    observe(ready=...), which is observe less its draw: the launch stays one from its Case, so its verdict is the
+    replayed graph, as in check_launch)."""
+    for _ in range(graphs.CAPTURE_AT + 1):  # the compiles and the graphs' captures for this shape, outside the profile
+        check_launch(target, case, device)
     _sync(device)
     lines = [f"==== phases: {case.arm} T={case.T} B={case.B} H={case.H} HV={case.HV} draws={case.draws}"]
     state = {}
-    parts = (("materialize", lambda: state.update(inputs=materialize(case, device))),
-             ("before+launch", lambda: state.update(obs=observe(target, case, device, inputs=state["inputs"]))),
+    parts = (("draw (materialize, before)", lambda: state.update(ready=drawn(case, device))),
+             ("launch", lambda: state.update(obs=observe(target, case, device, ready=state["ready"]))),
              ("check", lambda: checks.check_observed(state["obs"])))
     for name, fn in parts:
         with _Profiler("torch", device) as prof:
