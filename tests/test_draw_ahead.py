@@ -16,7 +16,6 @@ import pytest
 
 from gdn_fuzz import checks
 from gdn_fuzz.case import Case, Row
-from gdn_fuzz.engine import isolation
 from gdn_fuzz.engine.isolation import DRAW_AHEAD_ENV, MEASURE, Worker, _draw_ahead, draw_ahead_default
 from gdn_fuzz.properties import REGISTRY, Property
 from tests.test_deferred import _campaign, _cases
@@ -113,4 +112,3 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(DRAW_AHEAD_ENV, "sometimes")
     with pytest.raises(ValueError, match=f"{DRAW_AHEAD_ENV}='sometimes'.*off, on"):
         draw_ahead_default("cuda")
-    assert isolation.DRAW_AHEAD_ENV == "GDN_FUZZ_DRAW_AHEAD"

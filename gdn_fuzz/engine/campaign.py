@@ -249,10 +249,11 @@ class DeferredFailure(BaseException):
 
 
 # deferred verdicts: cases the worker holds beyond the one it runs (Campaign.defer_depth's default).  One is enough for
-# the worker never to wait for the next case while each draw is shorter than a check, and it is what a crash or a stop
-# costs again.  With value seeds per structure (--seeds-per-example K) a new structure's draw (~2.7 ms on the GPU
-# host) comes once per K cases and can outlast the one case the worker holds: in run 90 (H100, K = 4) the worker
-# waited ~0.6 ms per example.  $GDN_FUZZ_DEFER_DEPTH sets another depth for a run (defer_depth_default), to measure it.
+# the worker never to wait for the next case while each of the campaign's steps between two checks is shorter than a
+# check, and it is what a crash or a stop costs again.  In run 90 (H100, 4 seeds per structure) the worker still
+# waited ~0.6 ms per example, on campaign-side pauses of 5 ms to 0.35 s (not the structures' draws, not the round
+# boundaries: docs/benchmarks.md, "Issue 32, seventeenth part"); $GDN_FUZZ_DEFER_DEPTH sets a deeper queue for a run
+# (defer_depth_default), to measure whether it covers them.
 DEFER_DEPTH = 1
 MAX_DEFER_DEPTH = 4
 DEFER_DEPTH_ENV = "GDN_FUZZ_DEFER_DEPTH"
@@ -260,11 +261,16 @@ DEFER_DEPTH_ENV = "GDN_FUZZ_DEFER_DEPTH"
 
 def defer_depth_default() -> int:
     """Cases a deferred campaign's worker holds beyond the one it runs, when not told ($GDN_FUZZ_DEFER_DEPTH: 1 to
-    MAX_DEFER_DEPTH; unset: DEFER_DEPTH)."""
-    which = environment.choice(DEFER_DEPTH_ENV, (str(DEFER_DEPTH), *(str(n) for n in range(1, MAX_DEFER_DEPTH + 1)
-                                                                     if n != DEFER_DEPTH)),
-                               "the cases a deferred campaign's worker holds beyond the one it runs")
-    return int(which)
+    MAX_DEFER_DEPTH; unset: the first choice, 1 = DEFER_DEPTH)."""
+    return int(environment.choice(DEFER_DEPTH_ENV, tuple(str(n) for n in range(1, MAX_DEFER_DEPTH + 1)),
+                                  "the cases a deferred campaign's worker holds beyond the one it runs"))
+
+
+def _count(name: str, n, hi: int, what: str) -> None:
+    """ValueError naming Campaign field `name`, its value and the legal range unless n is an int in [1, hi] (`what`
+    it counts)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= hi:
+        raise ValueError(f"{name}={n!r}: give an int in [1, {hi}] ({what})")
 
 
 class PropertyFailed(AssertionError):
@@ -440,22 +446,15 @@ class Campaign:
             raise ValueError(why)
         if self.defer_depth is None:
             self.defer_depth = defer_depth_default()
-        n = self.defer_depth
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DEFER_DEPTH:
-            raise ValueError(f"defer_depth={n!r}: give an int in [1, {MAX_DEFER_DEPTH}] (cases a deferred campaign's "
-                             "worker holds beyond the one it runs)")
+        _count("defer_depth", self.defer_depth, MAX_DEFER_DEPTH, "cases a deferred campaign's worker holds beyond the "
+               "one it runs")
         if self.pipeline is None:
             self.pipeline = 1 if self.defer else pipeline_default(self.device, self.isolate)
-        d = self.pipeline
-        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_PIPELINE:
-            raise ValueError(f"pipeline={self.pipeline!r}: give an int in [1, {MAX_PIPELINE}] (rounds at once; 1: one "
-                             "round at a time)")
+        _count("pipeline", self.pipeline, MAX_PIPELINE, "rounds at once; 1: one round at a time")
         if self.confirmations_at_once is None:
             self.confirmations_at_once = confirmations_default(self.device, self.torch_threads)
-        n = self.confirmations_at_once
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONFIRMATIONS:
-            raise ValueError(f"confirmations_at_once={n!r}: give an int in [1, {MAX_CONFIRMATIONS}] (fresh-process "
-                             "confirmations run at once)")
+        _count("confirmations_at_once", self.confirmations_at_once, MAX_CONFIRMATIONS,
+               "fresh-process confirmations run at once")
         g = self.shrink_grace_s
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < float("inf"):
             raise ValueError(f"shrink_grace_s={g!r}: give a number of seconds >= 0")
