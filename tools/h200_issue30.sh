@@ -192,12 +192,13 @@ PY
       echo "$step rc=$?" ;;
     g32table|g32table_*|g32camp|g32camp_*|g32product|g32product_*)
       # issue 32: this tree and the base tree (BASE_TAR, unpacked to /tmp/base) side by side in one run;
-      # g32table_2 etc.: the same step again, its logs named by the whole step name (repeated runs in one call)
+      # g32table_2 etc.: the same step again, its logs named by the whole step name (repeated runs in one call);
+      # TABLE_DRAW: g32table's draw mode (device, the earlier runs' default; graph, what `gdn-fuzz run` draws on a GPU)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       common="--target production --device cuda --arms bf16"
       case "${step%%_*}" in
-        g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws device --reps ${REPS:-5} ${PROFILE:+--profile $PROFILE}"
+        g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws ${TABLE_DRAW:-device} --reps ${REPS:-5} ${PROFILE:+--profile $PROFILE}"
           new_args="--graphs both" ;;
         g32camp) args="$common --campaign ${CAMP_S:-15} --draws device"; new_args="" ;;
         g32product) args="$common --product ${PRODUCT_S:-30} --processes ${PROCS:-1 8}"; new_args="" ;;
