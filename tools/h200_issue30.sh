@@ -335,17 +335,23 @@ PY
       # issue 32: the product command itself (`gdn-fuzz run --processes N`, one fleet: benchmarks/throughput.py
       # --product --fleet), bf16, launch, default pool scales, with its own MPS decision (--mps MODE); the GPU's
       # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..." (a TAG
-      # containing "defer": deferred verdicts, GDN_FUZZ_DEFER_VERDICTS=on)
+      # starting with "base": the base tree, BASE_TAR unpacked to /tmp/base, in that slot)
       need_bundle
+      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
       mps_env "$step"
       i=0
       for run in ${FLEET_RUNS:-on:8 off:8}; do
         # the run's index in the name: repeated runs of one mode keep their own records (run 87 lost two to this)
         i=$((i + 1)); IFS=: read -r mode np tag <<< "$run"; name="$step-$i-$mode-n$np${tag:+-$tag}"
+        tree=$PWD; pp=$PYTHONPATH
+        if [[ "$tag" == base* ]]; then
+          [ -d /tmp/base/gdn_fuzz ] || { echo "$name: no base tree (BASE_TAR)"; continue; }
+          tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
+        fi
         samplers_start "$name"
-        timeout 300 python3 benchmarks/throughput.py --target production --device cuda --arms bf16 \
-          --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
-          --json "$R/$name.json" > "$R/$name.txt" 2>&1
+        (cd "$tree" && PYTHONPATH=$pp timeout 300 python3 benchmarks/throughput.py --target production --device cuda \
+          --arms bf16 --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
+          --json "$R/$name.json") > "$R/$name.txt" 2>&1
         echo "$name rc=$?"; samplers_stop; tail -n 1 "$R/$name.txt" | cut -c1-240
         keep_p0_records "$R/$name-rec"
       done ;;
