@@ -65,6 +65,7 @@ for step in "$@"; do
       python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || { cat "$R/install.log"; exit 3; }
       { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
         python3 -c "import torch,sys,hypothesis; print(sys.version); print('torch', torch.__version__, 'hypothesis', hypothesis.__version__)"
+        lscpu | grep -E "^Model name|^CPU\(s\)|^Thread|^Core|MHz" ; nproc
         cat $SITE/BUNDLE_VERSIONS 2>/dev/null; echo "tree: commit ${GDN_COMMIT:-unknown (pass GDN_COMMIT=\$(git rev-parse HEAD))}"; } > "$R/env.txt" 2>&1 ;;
     doctor)
       need_bundle; timeout 120 gdn-fuzz doctor > "$R/doctor.txt" 2>&1 ;;
