@@ -244,3 +244,34 @@ def test_set_rows_is_any_set_bit_per_row(dtype, shape, data):
         t = t[..., 1:]
     want = [bool((row.contiguous().view(-1).view(torch.uint8) != 0).any()) for row in t]
     assert set_rows(t).tolist() == want
+
+
+# checks.release_cache (torch.cuda.empty_cache after a big fill="rows" case) hands back only the blocks no tensor uses,
+# so begin_launch's finish must drop the launch's tensors before it calls it.  It held them (its closures keep the
+# observation) from 088c0d9 to this test's commit: every 8-process run of the product command on an 80 GB H100
+# (run 91) lost workers to out-of-memory at 4096-slot pools of HV = 64.
+SMALL = Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(1, 3, 5), Row(-1, 0, 0)), seed=7)
+
+
+@pytest.mark.parametrize("case", [SMALL, dataclasses.replace(SMALL, pool=40, rows=(Row(33, 3, 5), Row(-1, 0, 0)),
+                                                             fill="rows")], ids=["all", "rows"])
+def test_the_cache_is_released_after_the_launchs_tensors_are_gone(monkeypatch, case):
+    import weakref
+
+    from gdn_fuzz import checks
+    refs, alive = [], []
+
+    def spy(real, tensors):
+        def f(*a, **kw):
+            got = real(*a, **kw)
+            refs.extend(weakref.ref(t) for t in tensors(got).values() if isinstance(t, torch.Tensor))
+            return got
+        return f
+
+    monkeypatch.setattr(checks, "observe", spy(checks.observe, lambda obs: obs.after))
+    monkeypatch.setattr(checks, "observe_rows", spy(checks.observe_rows, lambda rl: rl.launched))
+    monkeypatch.setattr(checks, "release_cache", lambda c, d: alive.append(sum(r() is not None for r in refs)))
+    finish = checks.begin_launch(get_target("reference"), case, "cpu")
+    assert refs and alive == []  # the launch's tensors, alive until the verdict is read
+    assert finish() == []
+    assert alive == [0]
