@@ -171,13 +171,21 @@ def reset() -> None:
 
 
 def copy_all(dst: list, src: list) -> None:
-    """dst[i].copy_(src[i]) for every i in one call (torch._foreach_copy_: on CUDA a few multi-tensor kernels for
-    the lot instead of a launch and its host dispatch per tensor; the same bits).  A check's host part copied its
-    tensors one by one: 60 copies per check on the campaign's shapes, most of them here (docs/benchmarks.md, issue
-    32, ninth part).  In run 90 (H100) the worker's own time per check did not change measurably with it (3.02-3.03
-    ms against 2.92-3.12 ms; the seventeenth part)."""
-    if dst:
-        torch._foreach_copy_(dst, src)
+    """dst[i].copy_(src[i]) for every i, in one torch._foreach_copy_ per (dtype, device) group: on CUDA a
+    multi-tensor kernel per group instead of a launch and its host dispatch per tensor; the same bits.  A check's host
+    part copied its tensors one by one: 60 copies per check on the campaign's shapes, most of them here
+    (docs/benchmarks.md, issue 32, ninth part).  One call over the whole mixed-dtype list (ae76ae9) changed nothing
+    measurable in run 90: torch's CUDA fast route takes only lists whose sources share one dtype and whose
+    destinations share one (ForeachBinaryOpList.cu, foreach_tensor_copy_list_kernel_cuda_), and run 91's profile
+    still showed one device copy per tensor (28-29 per copy set).  Grouped, each group can take the fast route; what
+    that saves on a GPU is not measured yet."""
+    groups: dict = {}
+    for d, s in zip(dst, src, strict=True):
+        ds, ss = groups.setdefault((d.dtype, s.dtype, d.device, s.device), ([], []))
+        ds.append(d)
+        ss.append(s)
+    for ds, ss in groups.values():
+        torch._foreach_copy_(ds, ss)
 
 
 def clone_all(ts: list) -> list:

@@ -232,6 +232,47 @@ def test_static_copies_give_the_eager_bits(cases):
         assert torch.equal(bits(g.run(o)), bits(checks.verdict(o)))
 
 
+COPY_DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool, torch.uint8)
+
+
+@st.composite
+def copy_lists(draw):
+    """Pairs (dst, src) of one dtype each, the dtypes mixed across the list as a check's buffers are; some pairs a
+    dim-0 slice of a bigger destination (a static buffer padded past the pool) or empty, a device copy where CUDA is."""
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    pairs = []
+    for _ in range(draw(st.integers(0, 9))):
+        dtype = draw(st.sampled_from(COPY_DTYPES))
+        shape = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
+        dev = draw(st.sampled_from(devices))
+        src = (torch.randint(-3, 4, shape, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+               .to(dtype).to(dev))
+        extra = draw(st.integers(0, 2))
+        dst = torch.full([shape[0] + extra, *shape[1:]], 7, dtype=dtype, device=dev)
+        pairs.append((dst, src, extra))
+    return pairs
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=copy_lists())
+def test_copy_all_is_each_copy(pairs):
+    """graphs.copy_all groups its pairs by dtype and device and copies each group in one torch._foreach_copy_: the
+    same bits as dst.copy_(src) pair by pair, the rows past a slice untouched."""
+    dst = [d[:s.shape[0]] for d, s, _ in pairs]
+    want = [d.clone() for d, _, _ in pairs]
+    for w, (_, s, _) in zip(want, pairs):
+        w[:s.shape[0]].copy_(s)
+    graphs.copy_all(dst, [s for _, s, _ in pairs])
+    from gdn_fuzz.observation import bits as element_bits  # (this module's bits() reads 8-byte words)
+    for (d, _, _), w in zip(pairs, want):
+        assert d.dtype == w.dtype and torch.equal(element_bits(d), element_bits(w))
+
+
+def test_copy_all_names_a_length_mismatch():
+    with pytest.raises(ValueError):
+        graphs.copy_all([torch.zeros(2)], [])
+
+
 class _HostReads(TorchDispatchMode):
     """Records the ops that read a tensor's value on the host (.item(), bool(), indexing by a tensor, nonzero) or
     make a tensor from Python data (torch.tensor, `t[i] = True`: a host-to-device copy on a GPU), with the
