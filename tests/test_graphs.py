@@ -268,6 +268,17 @@ def test_copy_all_is_each_copy(pairs):
         assert d.dtype == w.dtype and torch.equal(element_bits(d), element_bits(w))
 
 
+@settings(max_examples=30, deadline=None)
+@given(pairs=copy_lists())
+def test_zero_all_is_each_zero(pairs):
+    """graphs.zero_all (the stale rows of a static buffer, zeroed again): every tensor all zero bits, nothing else."""
+    from gdn_fuzz.observation import bits as element_bits  # (this module's bits() reads 8-byte words)
+    rest = [d[s.shape[0]:].clone() for d, s, _ in pairs]
+    graphs.zero_all([d[:s.shape[0]] for d, s, _ in pairs])
+    for (d, s, _), r in zip(pairs, rest):
+        assert not element_bits(d[:s.shape[0]]).any() and torch.equal(element_bits(d[s.shape[0]:]), element_bits(r))
+
+
 def test_copy_all_names_a_length_mismatch():
     with pytest.raises(ValueError):
         graphs.copy_all([torch.zeros(2)], [])
