@@ -527,13 +527,17 @@ def begin_launch(target: Target, case: Case, device: str = "cpu", ready: tuple[d
         raise
 
     def finished() -> Findings:
+        if not pending:
+            raise RuntimeError(f"the verdict of this launch (case seed {case.seed}) was already read: call the "
+                               "function begin_launch returns once")
         finish = pending.pop()  # the one reference to the launch's tensors (its closures hold the observation)
         try:
             return finish()
         finally:
-            # dropped before the cache is emptied, which hands back no block still in use.  Until this, the launch's
-            # 10.5 GiB pool (4096 slots at HV = 64) was still alive here, so every process that had drawn one kept
-            # it reserved; in run 91 (8 processes, an 80 GB H100) 16 of 24 workers ran out of memory 1-4 times
+            # dropped before the cache is emptied, which hands back no block still in use.  Before 81c6f64 the
+            # launch's 10.5 GiB pool (4096 slots at HV = 64) was still alive here, so every process that had drawn
+            # one kept it reserved; in run 91 (8 processes, an 80 GB H100) 16 of 24 workers ran out of memory 1-4
+            # times
             del finish
             release_cache(case, device)
 

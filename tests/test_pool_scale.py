@@ -298,3 +298,5 @@ def test_the_cache_is_released_after_the_launchs_tensors_are_gone(monkeypatch, c
     assert refs and alive == []  # the launch's tensors, alive until the verdict is read
     assert finish() == []
     assert alive == [0]
+    with pytest.raises(RuntimeError, match="already read"):
+        finish()
