@@ -148,10 +148,12 @@ for step in "$@"; do
       # log names (repeated runs in one call); FIRST_RECORD=1: each worker's per-example record too (--record)
       need_bundle
       if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
-      i=0
+      i=0; seen_m=""
       for m in ${FIRST_MUTANTS:-prod_beta_no_sigmoid prod_fold_no_bdec}; do
         trees=${FIRST_TREES:-base new}; [ $((i % 2)) = 1 ] && trees=$(echo $trees | tr ' ' '\n' | tac | tr '\n' ' ')
         i=$((i + 1))
+        # a mutant named again in FIRST_MUTANTS gets its own log names (run 91's third run wrote over its first)
+        rep=""; seen=" ${seen_m:-} "; [[ "$seen" == *" $m "* ]] && rep="-$i"; seen_m="${seen_m:-} $m"
         for tree in $trees; do
           d=/tmp/fresh/$tree-$m; rm -rf "$d"; mkdir -p "$d"
           dir=$PWD; pp=$PYTHONPATH; spare=auto
@@ -161,14 +163,14 @@ for step in "$@"; do
           s1=$(date +%s)
           (cd "$dir" && PYTHONPATH=$pp TRITON_CACHE_DIR=$d/triton GDN_FUZZ_KERNEL_STORE=$d/kernels \
             GDN_FUZZ_SPARE_WORKER=$spare GDN_FUZZ_DEFER_VERDICTS=$dv timeout "$(( ${FIRST_S:-30} + 120 ))" python3 -m gdn_fuzz.cli run \
-            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m.json" \
-            ${FIRST_RECORD:+--record "$R/first${FIRST_TAG:-}-$tree-$m.jsonl"}) \
-            > "$R/first${FIRST_TAG:-}-$tree-$m.txt" 2>&1
+            --target "mutant:$m" --arms bf16 --seconds "${FIRST_S:-30}" --no-corpus --json "$R/first${FIRST_TAG:-}-$tree-$m$rep.json" \
+            ${FIRST_RECORD:+--record "$R/first${FIRST_TAG:-}-$tree-$m$rep.jsonl"}) \
+            > "$R/first${FIRST_TAG:-}-$tree-$m$rep.txt" 2>&1
           echo "firstfind $tree $m rc=$? wall=$(( $(date +%s) - s1 ))s"
-          keep_p0_records "$R" "first${FIRST_TAG:-}-$tree-$m"
-          grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m.txt" | cut -c1-160
+          keep_p0_records "$R" "first${FIRST_TAG:-}-$tree-$m$rep"
+          grep -m1 "^failure" "$R/first${FIRST_TAG:-}-$tree-$m$rep.txt" | cut -c1-160
           # the findings (first failing example, shrunk or not) and each worker's confirmations
-          python3 - "$R/first${FIRST_TAG:-}-$tree-$m.json" <<'PY' 2>&1 | tee "$R/first${FIRST_TAG:-}-$tree-$m-summary.txt"
+          python3 - "$R/first${FIRST_TAG:-}-$tree-$m$rep.json" <<'PY' 2>&1 | tee "$R/first${FIRST_TAG:-}-$tree-$m$rep-summary.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
 fs = r["findings"]
