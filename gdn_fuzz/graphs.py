@@ -170,31 +170,32 @@ def reset() -> None:
     _DRAWS = _Cache("draw program", MAX_DRAW_GRAPHS, MAX_DRAW_BYTES)
 
 
-def copy_all(dst: list, src: list) -> None:
-    """dst[i].copy_(src[i]) for every i, in one torch._foreach_copy_ per (dtype, device) group: on CUDA a
-    multi-tensor kernel per group instead of a launch and its host dispatch per tensor; the same bits.  A check's host
-    part copied its tensors one by one: 60 copies per check on the campaign's shapes, most of them here
-    (docs/benchmarks.md, issue 32, ninth part).  One call over the whole mixed-dtype list (ae76ae9) changed nothing
-    measurable in run 90: torch's CUDA fast route takes only lists whose sources share one dtype and whose
-    destinations share one (ForeachBinaryOpList.cu, foreach_tensor_copy_list_kernel_cuda_), and run 91's profile
-    still showed one device copy per tensor (28-29 per copy set).  Grouped, each group can take the fast route; what
-    that saves on a GPU is not measured yet."""
+def _by_dtype(*lists: list) -> list[tuple[list, ...]]:
+    """The parallel lists cut into groups of one (dtype, device) per list each, the order within a group kept:
+    torch's CUDA foreach fast route (a multi-tensor kernel) takes only single-dtype lists
+    (ForeachBinaryOpList.cu, foreach_tensor_copy_list_kernel_cuda_; ForeachUtils.h), so a mixed list falls back to
+    a launch per tensor."""
     groups: dict = {}
-    for d, s in zip(dst, src, strict=True):
-        ds, ss = groups.setdefault((d.dtype, s.dtype, d.device, s.device), ([], []))
-        ds.append(d)
-        ss.append(s)
-    for ds, ss in groups.values():
+    for row in zip(*lists, strict=True):
+        cols = groups.setdefault(tuple((t.dtype, t.device) for t in row), tuple([] for _ in lists))
+        for col, t in zip(cols, row):
+            col.append(t)
+    return list(groups.values())
+
+
+def copy_all(dst: list, src: list) -> None:
+    """dst[i].copy_(src[i]) for every i, one torch._foreach_copy_ per dtype group (_by_dtype); the same bits.  A
+    check's host part copied its tensors one by one: 60 copies per check on the campaign's shapes, most of them here
+    (docs/benchmarks.md, issue 32, ninth part).  One call over the whole mixed-dtype list (ae76ae9) changed nothing
+    measurable in run 90, and run 91's profile still showed one device copy per tensor (28-29 per copy set): the
+    fast route had not been taken.  What the grouped calls save on a GPU is not measured yet."""
+    for ds, ss in _by_dtype(dst, src):
         torch._foreach_copy_(ds, ss)
 
 
 def zero_all(ts: list) -> None:
-    """t.zero_() for every t, one torch._foreach_zero_ per (dtype, device) group (its CUDA fast route, as copy_all's,
-    takes single-dtype lists only)."""
-    groups: dict = {}
-    for t in ts:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for group in groups.values():
+    """t.zero_() for every t, one torch._foreach_zero_ per dtype group (_by_dtype)."""
+    for (group,) in _by_dtype(ts):
         torch._foreach_zero_(group)
 
 
