@@ -188,8 +188,8 @@ def confirmations_default(device: str, torch_threads: int | None) -> int:
 # of a 20 s deferred campaign (stand-in 2.5 ms check, 4 seeds) at 99-138 ms each, the worker idle meanwhile; frozen,
 # 4 full collections took 41-71 ms in all, the longest 19-29 ms, and the campaign took 3.01 ms per example against
 # 3.05-3.09 (two runs each).  In run 90 (H100) the largest gaps between two records were 0.22-0.35 s, twice in each
-# 30 s run; that they were these collections is my reading, not measured there (docs/benchmarks.md, "Issue 32,
-# seventeenth part").  It collects once first (~80 ms on the CPU machine with torch and gdn_fuzz imported): what is
+# 30 s run; with the freeze, in run 91 (H100, the same configuration), 23-31 ms in each of three runs
+# (docs/benchmarks.md, "Issue 32", seventeenth and eighteenth parts).  It collects once first (~80 ms on the CPU machine with torch and gdn_fuzz imported): what is
 # frozen is never collected until the run ends, so a cycle left by the warm-up (a traceback's frames, a tensor among
 # their locals) would otherwise keep its memory, on the device too, for the whole run.
 
