@@ -26,6 +26,7 @@ from gdn_fuzz.observation import Observation, mapped_rows, observe, observe_rows
 from gdn_fuzz.properties import get_property
 from gdn_fuzz.strategies import CPU_GEOMETRIES, POOL_SCALES, cases, int32_slot, pool_scale_of
 from gdn_fuzz.targets import get_target
+from tests.test_draw_ahead import CASE as SMALL  # a two-row launch on a pool of 4
 
 # H = 4, HV = 8: a slot holds 8 * 128 * 128 = 131,072 elements, so slot 16,384 is the first whose
 # element offset (2^31) does not fit an int32.  A pool of 16,385 bf16 slots is 4 GiB (+1.5 GiB rings).
@@ -160,12 +161,17 @@ def test_qwen3_next_pool_past_2_31_elements(target_under_test, gdn_verdict):
     target, arms, device = target_under_test
     for arm in arms:
         case = dataclasses.replace(QWEN3_NEXT, arm=arm)
-        if torch.device(device).type == "cuda":
-            free, need = torch.cuda.mem_get_info(torch.device(device))[0], 3 * case.alloc_bytes()
-            if need > free:
-                pytest.skip(f"a pool past 2^31 elements needs ~{need / 2**30:.1f} GiB on {device}; "
-                            f"{free / 2**30:.1f} GiB is free")
+        _skip_unless_it_fits(case, device)
         gdn_verdict("launch", case, check_launch(target, case, device), target.name)
+
+
+def _skip_unless_it_fits(case: Case, device: str) -> None:
+    """On a CUDA device, skip (saying how much is needed and free) unless ~3 copies of the case's pool and rings fit."""
+    if torch.device(device).type == "cuda":
+        free, need = torch.cuda.mem_get_info(torch.device(device))[0], 3 * case.alloc_bytes()
+        if need > free:
+            pytest.skip(f"a pool past 2^31 elements needs ~{need / 2**30:.1f} GiB on {device}; "
+                        f"{free / 2**30:.1f} GiB is free")
 
 
 def test_a_pool_past_2_31_elements_is_not_kept_reserved_after_its_check(target_under_test):
@@ -179,9 +185,7 @@ def test_a_pool_past_2_31_elements_is_not_kept_reserved_after_its_check(target_u
         pytest.skip("the caching allocator's reserve is a CUDA one: on the CPU the pool's pages are mapped lazily "
                     "(test_the_cache_is_released_after_the_launchs_tensors_are_gone holds the order on the CPU)")
     case = dataclasses.replace(QWEN3_NEXT, arm=arms[0])
-    free, need = torch.cuda.mem_get_info(torch.device(device))[0], 3 * case.alloc_bytes()
-    if need > free:
-        pytest.skip(f"a pool past 2^31 elements needs ~{need / 2**30:.1f} GiB on {device}; {free / 2**30:.1f} GiB is free")
+    _skip_unless_it_fits(case, device)
     assert case.alloc_bytes() > EMPTY_CACHE_BYTES
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()  # else blocks an earlier test left reserved could hold this launch and hide a leak
@@ -273,9 +277,6 @@ def test_set_rows_is_any_set_bit_per_row(dtype, shape, data):
 # so begin_launch's finish must drop the launch's tensors before it calls it.  It held them (its closures keep the
 # observation) from 088c0d9 to this test's commit: every 8-process run of the product command on an 80 GB H100
 # (run 91) lost workers to out-of-memory at 4096-slot pools of HV = 64.
-SMALL = Case(arm="bf16", T=4, H=1, HV=2, pool=4, rows=(Row(1, 3, 5), Row(-1, 0, 0)), seed=7)
-
-
 @pytest.mark.parametrize("case", [SMALL, dataclasses.replace(SMALL, pool=40, rows=(Row(33, 3, 5), Row(-1, 0, 0)),
                                                              fill="rows")], ids=["all", "rows"])
 def test_the_cache_is_released_after_the_launchs_tensors_are_gone(monkeypatch, case):
