@@ -31,6 +31,18 @@ export PYTHONUNBUFFERED=1
 SITE=/tmp/gdn/site
 BASE_PP=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
 export PYTHONPATH=$BASE_PP:${PYTHONPATH:-}
+# the base tree (BASE_TAR: `git archive -o .gpu/base.tar BASE gdn_fuzz oracles strategies benchmarks pyproject.toml`),
+# unpacked once to /tmp/base, and the PYTHONPATH that runs it instead of this tree
+BASE_PP_TREE=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
+unpack_base() { if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi; }
+# the tree a run's TAG names: tree and pp set to the base tree's for a TAG starting with "base" (false when it is not
+# unpacked), to this tree's otherwise
+pick_tree() {
+  tree=$PWD; pp=$PYTHONPATH
+  [[ "$1" == base* ]] || return 0
+  [ -d /tmp/base/gdn_fuzz ] || return 1
+  tree=/tmp/base; pp=$BASE_PP_TREE
+}
 need_bundle() { [ -d $SITE ] || { echo "bundle gone from /tmp/gdn: carry .gpu and run setup again"; exit 3; }; }
 # the GPU's utilization (nvidia-smi, 250 ms) and the host's CPU (/proc/stat, 1 s) sampled into $R/NAME-smi.csv and
 # $R/NAME-cpu.txt while a run lasts: samplers_start NAME ... samplers_stop
@@ -147,7 +159,7 @@ for step in "$@"; do
       # order is reversed for every second mutant, so that neither tree always runs first; FIRST_TAG goes into the
       # log names (repeated runs in one call); FIRST_RECORD=1: each worker's per-example record too (--record)
       need_bundle
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       i=0; seen_m=""
       for m in ${FIRST_MUTANTS:-prod_beta_no_sigmoid prod_fold_no_bdec}; do
         trees=${FIRST_TREES:-base new}; [ $((i % 2)) = 1 ] && trees=$(echo $trees | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -157,7 +169,7 @@ for step in "$@"; do
         for tree in $trees; do
           d=/tmp/fresh/$tree-$m; rm -rf "$d"; mkdir -p "$d"
           dir=$PWD; pp=$PYTHONPATH; spare=auto
-          [ "$tree" = base ] && { dir=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base; }
+          [ "$tree" = base ] && { dir=/tmp/base; pp=$BASE_PP_TREE; }
           [ "$tree" = nospare ] && spare=off
           dv=off; [ "$tree" = defer ] && dv=on
           s1=$(date +%s)
@@ -198,7 +210,7 @@ PY
       # g32table_2 etc.: the same step again, its logs named by the whole step name (repeated runs in one call);
       # TABLE_DRAW: g32table's draw mode (device, the earlier runs' default; graph, what `gdn-fuzz run` draws on a GPU)
       need_bundle
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       common="--target production --device cuda --arms bf16"
       case "${step%%_*}" in
         g32table) args="$common --H 16 --HV 64 --B 8 64 --T 4 --draws ${TABLE_DRAW:-device} --reps ${REPS:-5} ${PROFILE:+--profile $PROFILE}"
@@ -214,7 +226,7 @@ PY
         echo "$step off rc=$?"; tail -n 3 "$R/$step-off.txt" | cut -c1-240
       fi
       if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then
-        (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 560 python3 \
+        (cd /tmp/base && PYTHONPATH=$BASE_PP_TREE timeout 560 python3 \
           benchmarks/throughput.py $args --json "$R/$step-base.json") > "$R/$step-base.txt" 2>&1
         echo "$step base rc=$?"; tail -n 4 "$R/$step-base.txt" | cut -c1-240
       fi ;;
@@ -239,21 +251,21 @@ PY
       timeout "${TILING_S:-400}" python3 benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} \
         --json "$R/$step.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?"
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then  # the base tree's kernel, same tilings, same call
-        (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 300 python3 \
+        (cd /tmp/base && PYTHONPATH=$BASE_PP_TREE timeout 300 python3 \
           benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} --json "$R/$step-base.json") \
           > "$R/$step-base.txt" 2>&1
         echo "$step base rc=$?"; tail -n 12 "$R/$step-base.txt" | cut -c1-200
       fi ;;
     g32replay)
       need_bundle
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       rm -rf "$R/corpus-new" && cp -r corpus "$R/corpus-new"
       timeout 250 gdn-fuzz replay --device cuda "$R/corpus-new" > "$R/$step-new.txt" 2>&1; echo "$step new rc=$?"
       if [ -d /tmp/base/gdn_fuzz ]; then
         rm -rf "$R/corpus-base" && cp -r corpus "$R/corpus-base"
-        (cd /tmp/base && PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base timeout 250 python3 -m \
+        (cd /tmp/base && PYTHONPATH=$BASE_PP_TREE timeout 250 python3 -m \
           gdn_fuzz.cli replay --device cuda "$R/corpus-base") > "$R/$step-base.txt" 2>&1; echo "$step base rc=$?"
       fi ;;
     g32where)
@@ -285,16 +297,12 @@ PY
       # when the default was on for a GPU, and named the runs without it "noahead"); "depthN" (N in 1-4): the deferred
       # worker holds N cases beyond the one it runs (GDN_FUZZ_DEFER_DEPTH; default 1)
       need_bundle
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
         IFS=: read -r pl ps np tag k <<< "$run"
         name="$step-p$pl-$ps-n$np${k:+-k$k}${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
         [ -n "$k" ] && extra="$extra --seeds-per-example $k"
-        tree=$PWD; pp=$PYTHONPATH
-        if [[ "$tag" == base* ]]; then
-          [ -d /tmp/base/gdn_fuzz ] || { echo "$name: no base tree (BASE_TAR)"; continue; }
-          tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
-        fi
+        pick_tree "$tag" || { echo "$name: no base tree (BASE_TAR)"; continue; }
         if [ -n "${STACKS:-}" ]; then  # every Python process of the run samples its threads' stacks (tools/stack_sampler)
           mkdir -p "$R/$name-stacks"; export GDN_STACKS_DIR="$R/$name-stacks"; pp=$PWD/tools/stack_sampler:$pp
         fi
@@ -340,17 +348,13 @@ PY
       # utilization and the host's CPU (/proc/stat, 1 s) sampled; FLEET_RUNS: "MODE:PROCESSES[:TAG] ..." (a TAG
       # starting with "base": the base tree, BASE_TAR unpacked to /tmp/base, in that slot)
       need_bundle
-      if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
+      unpack_base
       mps_env "$step"
       i=0
       for run in ${FLEET_RUNS:-on:8 off:8}; do
         # the run's index in the name: repeated runs of one mode keep their own records (run 87 lost two to this)
         i=$((i + 1)); IFS=: read -r mode np tag <<< "$run"; name="$step-$i-$mode-n$np${tag:+-$tag}"
-        tree=$PWD; pp=$PYTHONPATH
-        if [[ "$tag" == base* ]]; then
-          [ -d /tmp/base/gdn_fuzz ] || { echo "$name: no base tree (BASE_TAR)"; continue; }
-          tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
-        fi
+        pick_tree "$tag" || { echo "$name: no base tree (BASE_TAR)"; continue; }
         samplers_start "$name"
         (cd "$tree" && PYTHONPATH=$pp timeout 300 python3 benchmarks/throughput.py --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --fleet --mps "$mode" --processes "$np" --record-dir "$R/$name-rec" \
@@ -390,8 +394,8 @@ PY
       # a step name holding "base" (g32phases_scales_base): the base tree (BASE_TAR, unpacked to /tmp/base)
       tree=$PWD; pp=$PYTHONPATH
       if [[ "$step" == *base* ]]; then
-        if [ -n "${BASE_TAR:-}" ] && [ ! -d /tmp/base/gdn_fuzz ]; then mkdir -p /tmp/base && tar xf "$BASE_TAR" -C /tmp/base; fi
-        tree=/tmp/base; pp=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:/tmp/base
+        unpack_base
+        tree=/tmp/base; pp=$BASE_PP_TREE
       fi
       (cd "$tree" && PYTHONPATH=$pp timeout 400 python3 benchmarks/check_phases.py --target production --device cuda \
         --n "$n" --sync $extra --profile ${PHASES_PROFILE-cprofile torch} --json "$R/$step.json") > "$R/$step.txt" 2>&1
