@@ -9,10 +9,13 @@ GPU floor.  This times, for each (block_v, num_warps), the two calls a checked l
 
 each captured as a CUDA graph and replayed --reps times between CUDA events (so the time is the
 GPU's, not the host's), and checks that every tiling gives the first one's sums to 1e-12 of their
-magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  At the end, per
-compiled kernel: its registers and spills (Triton's cache of the jitted function).
+magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  --unroll off on
+times each tiling with its loops as loops and unrolled (fused_oracle.UNROLL), and says whether the
+unrolled kernel gave the same bits as the loop at that tiling (measure's sums, history's U): it should,
+the operations and their order being the same.  At the end, per compiled kernel: its registers and
+spills (Triton's cache of the jitted function).
 
-    python benchmarks/oracle_tiling.py --target production --B 8 64 --json tiling.json
+    python benchmarks/oracle_tiling.py --target production --B 8 64 --unroll off on --json tiling.json
 """
 
 from __future__ import annotations
@@ -71,12 +74,14 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--block-v", nargs="+", type=int, default=[8, 16, 32])
     ap.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
+    ap.add_argument("--unroll", nargs="+", choices=("off", "on"), default=["off"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = get_target(args.target)
     rows = []
-    print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'measure ms':>10s} {'history ms':>10s} {'vs first':>10s}")
+    print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'unroll':>6s} {'measure ms':>10s} {'history ms':>10s} "
+          f"{'vs first':>10s} {'bits as loop':>12s}")
     for B in args.B:
         case = _case(B, args.H, args.HV, args.T, seed=B)
         obs = observe(target, case, "cuda")
@@ -93,31 +98,47 @@ def main(argv=None):
         ref = None
         for bv in args.block_v:
             for w in args.warps:
-                def meas(bv=bv, w=w):
-                    return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
-                                                pool_after=a["initial_state_source"], block_v=bv, num_warps=w).sums
+                loop = None  # (sums, U) of this tiling's first unroll setting
+                for unroll in args.unroll:
+                    on = unroll == "on"
 
-                def hist(bv=bv, w=w):
-                    return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
-                                                block_v=bv, num_warps=w)
+                    def meas(bv=bv, w=w, on=on):
+                        return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
+                                                    pool_after=a["initial_state_source"], block_v=bv, num_warps=w,
+                                                    unroll=on).sums
 
-                m_ms, sums = _graph_ms(meas, args.reps)
-                h_ms, _ = _graph_ms(hist, args.reps)
-                sums = sums.clone()
-                if ref is None:
-                    ref = sums
-                err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs() / ref[..., 1:2].sqrt().clamp_min(1e-300))
-                agree = float(err.max())
-                same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
-                rows.append(dict(B=B, block_v=bv, num_warps=w, measure_ms=m_ms, history_ms=h_ms,
-                                 vs_first=agree, nonfinite_counts_equal=same_bad))
-                flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
-                print(f"{B:4d} {bv:7d} {w:5d} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e}{flag}", flush=True)
-                _dump(args, rows)
+                    def hist(bv=bv, w=w, on=on):
+                        return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
+                                                    block_v=bv, num_warps=w, unroll=on)
+
+                    m_ms, sums = _graph_ms(meas, args.reps)
+                    h_ms, U = _graph_ms(hist, args.reps)
+                    sums, U = sums.clone(), U.clone()
+                    if ref is None:
+                        ref = sums
+                    if loop is None:
+                        loop = (sums, U)
+                    same_bits = _same_bits(sums, loop[0]) and _same_bits(U, loop[1])
+                    err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs()
+                           / ref[..., 1:2].sqrt().clamp_min(1e-300))
+                    agree = float(err.max())
+                    same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
+                    rows.append(dict(B=B, block_v=bv, num_warps=w, unroll=on, measure_ms=m_ms, history_ms=h_ms,
+                                     vs_first=agree, nonfinite_counts_equal=same_bad,
+                                     same_bits_as_first_unroll=same_bits))
+                    flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
+                    print(f"{B:4d} {bv:7d} {w:5d} {unroll:>6s} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e} "
+                          f"{str(same_bits):>12s}{flag}", flush=True)
+                    _dump(args, rows)
     kernels = _compiled()
     for k in kernels:
         print("compiled:", k, flush=True)
     _dump(args, rows, kernels)
+
+
+def _same_bits(a, b) -> bool:
+    """a and b hold the same float64 bits (NaNs included)."""
+    return bool(torch.equal(a.view(torch.int64), b.view(torch.int64)))
 
 
 def _dump(args, rows, kernels=None):

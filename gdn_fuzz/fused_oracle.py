@@ -59,6 +59,10 @@ NUM_WARPS = 1
 # K, and so, rarely, a bit of the float32 records a CUDA-drawn case materializes (corpus entries replay them)
 HISTORY_BLOCK_V = 16
 HISTORY_NUM_WARPS = 2
+# the kernel's loops (the window's records, the tokens) unrolled, so that the loads of later iterations, which do not
+# depend on the state, can be issued before the sums of earlier ones: the same operations in the same order
+UNROLL = False
+HISTORY_UNROLL = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +179,8 @@ def _kernel(interpret: bool):
             pa_ptr, sa_r, sa_h, sa_v, sa_k,  # the pool after the launch [pool, HV, V, K]
             sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
             T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-            HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False):
+            HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False,
+            UNROLL: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -201,14 +206,21 @@ def _kernel(interpret: bool):
             kh = hv // GH
             # the window's records are read where they are (the ring, in its stored dtype: widening is exact),
             # only the nw records of the window: nothing outside it is read, so its poison cannot leak
-            for j in range(W):  # a static bound: Triton 3.6's interpreter cannot loop to a loaded value
-                if j < nw:
-                    sl = tl.load(wslot_ptr + b * W + j)
-                    wj = tl.load(w_ptr + bh * W + j)
-                    kj = tl.load(kc_ptr + row * sk_r + kh * sk_h + sl * sk_s + offs_k * sk_k, mask=mk,
-                                 other=0.0).to(tl.float64)
-                    uj = tl.load(uw_ptr + row * sw_r + hv * sw_h + sl * sw_s + offs_v * sw_v, mask=mv,
-                                 other=0.0).to(tl.float64)
+            # the loads are predicated on j < nw rather than branched around, so that with UNROLL (the loop
+            # unrolled) the compiler can issue later records' loads before earlier records' sums (the loads do not
+            # depend on S); the same operations on the same records in the same order either way
+            # (W, a static bound: Triton 3.6's interpreter cannot loop to a loaded value)
+            for j in tl.range(W, loop_unroll_factor=W if UNROLL else 1):
+                inw = j < nw
+                sl = tl.load(wslot_ptr + b * W + j)  # wslots and w are [.., W]: defined for every j
+                wj = tl.load(w_ptr + bh * W + j)
+                # (the masks mk and mv, off outside the window: offs < a bound that is 0 there; Triton 3.9's
+                # interpreter rejects a mask and-ed with a loaded scalar's comparison)
+                kj = tl.load(kc_ptr + row * sk_r + kh * sk_h + sl * sk_s + offs_k * sk_k,
+                             mask=offs_k < tl.where(inw, K, 0), other=0.0).to(tl.float64)
+                uj = tl.load(uw_ptr + row * sw_r + hv * sw_h + sl * sw_s + offs_v * sw_v,
+                             mask=offs_v < tl.where(inw, V, 0), other=0.0).to(tl.float64)
+                if inw:
                     S += (wj * uj)[:, None] * kj[None, :]
                     M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
             if MEASURE:  # the pool row after the launch against S_P (read for every row; check_oracle masks)
@@ -232,7 +244,7 @@ def _kernel(interpret: bool):
             u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
 
         # the T drafts (M4) and their magnitudes
-        for t in range(T):
+        for t in tl.range(T, loop_unroll_factor=T if UNROLL else 1):
             bth = (b * T + t) * HV + hv
             eg = tl.load(eg_ptr + bth)
             bt = tl.load(beta_ptr + bth)
@@ -394,7 +406,7 @@ def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_ca
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> ring_oracle.LaunchExpectation:
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
@@ -403,7 +415,7 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     _run(pool, named, v, (B, T, K, HV, V), unused=y, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag))
+         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), UNROLL=unroll)
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -432,7 +444,7 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS) -> Measured:
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL) -> Measured:
     """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
     the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
     u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
@@ -447,12 +459,12 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
                 app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
     _run(pool, named, v, (B, T, K, HV, V), unused=sums, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y)
+         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, UNROLL=unroll)
     return Measured(sums=sums.sum(2), **app)
 
 
 def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
-            num_warps: int = HISTORY_NUM_WARPS) -> torch.Tensor:
+            num_warps: int = HISTORY_NUM_WARPS, unroll: bool = HISTORY_UNROLL) -> torch.Tensor:
     """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
     (its second output), from the launch kernel with no window and no magnitudes: how
     case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored
@@ -469,7 +481,7 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
     u = U  # pointers the HISTORY variant never reads or writes
     named = dict(rows=rows.long().contiguous(), eg=f64(torch.exp(g)), beta=f64(beta), k=f64(k_hat))
     _run(pool, named, v, (n, T, K, HV, V), unused=u, block_v=block_v, num_warps=num_warps,
-         stores=(u, u, U, u, u, u), HISTORY=True)
+         stores=(u, u, U, u, u, u), HISTORY=True, UNROLL=unroll)
     return U
 
 

@@ -52,6 +52,7 @@ from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Regime, Row, materialize
 from gdn_fuzz.observation import observe
+from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring
 from gdn_fuzz.strategies import case_events, cases
 from gdn_fuzz.targets import get_target
@@ -594,6 +595,36 @@ def test_fused_on_cuda_matches_spec(decay):
                                                                Row(2, 0, 0)))
     kw = kwargs(case, materialize(case, "cuda"))
     compare(fused_oracle.launch(**kw), ring.launch(**kw))
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: unrolling is the compiler's (Triton's "
+                    "interpreter runs the loops as Python loops either way, so there the comparison is vacuous)")
+def test_unrolled_kernel_gives_the_loops_bits():
+    """fused_oracle.UNROLL unrolls the kernel's loops without changing its operations or their order: launch()'s
+    every field, measure()'s sums and history()'s U, bit for bit, with the loops unrolled and as loops (T = 8, a
+    full window, windows of 5 and 0 records, a pad row on a poisoned row 0, a NaN planted in an appended record)."""
+    case = Case(arm="bf16", T=8, H=2, HV=8, pool=5, flush_min=9, seed=11, draws="cuda", regime=Regime(poison=True),
+                rows=(Row(4, 16, 20), Row(-1, 3, 7), Row(1, 5, 29), Row(2, 0, 0)))
+    obs = _observed(case, "nan_u", "cuda")
+    kw = kwargs(case, obs.before)
+    runs = {}
+    for on in (False, True):
+        e = fused_oracle.launch(**kw, unroll=on)
+        sums = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
+                                    pool_after=obs.after["initial_state_source"], unroll=on).sums
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        k_hat = gdn_oracle.l2norm(torch.randn(3, 16, 8, 128, device="cuda", generator=gen)).double()
+        v = torch.randn(3, 16, 8, 128, device="cuda", generator=gen).to(torch.bfloat16)
+        g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
+        beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
+        U = fused_oracle.history(obs.before["initial_state_source"], torch.tensor([4, 0, 2], device="cuda"), g,
+                                 beta, k_hat, v, unroll=on)
+        runs[on] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag", "fold",
+                                                                      "fold_mag")})
+    assert float(runs[False]["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
+    for name, want in runs[False].items():  # the bits, NaNs' included
+        assert torch.equal(runs[True][name].view(torch.int64), want.view(torch.int64)), name
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",

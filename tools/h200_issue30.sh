@@ -202,7 +202,8 @@ PY
       # issue 32: the comparison in the fused oracle's kernel and the CUDA-graph replay of the check, on the GPU
       need_bundle
       timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py tests/test_draw_program.py \
-        -p no:cacheprovider -q -rfEsx -k "${G32_K:-cuda or graph or replay or same_with or static or eager or key or draw}" \
+        tests/test_pool_scale.py -p no:cacheprovider -q -rfEsx \
+        -k "${G32_K:-cuda or graph or replay or same_with or static or eager or key or draw or unrolled or reserved}" \
         > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     g32table|g32table_*|g32camp|g32camp_*|g32product|g32product_*)
@@ -247,14 +248,16 @@ PY
     g32tiling)
       # issue 32: GPU time of the fused oracle's kernel per (block_v, num_warps), measure and history, B 8 and 64
       need_bundle
-      # TILING_ARGS: e.g. "--block-v 8 16 --warps 1 2" (default: the script's tilings)
+      # TILING_ARGS: e.g. "--block-v 8 16 --warps 1 2" (default: the script's tilings); BASE_TILING_ARGS: the base
+      # tree's, where it lacks an option of this tree's (--unroll); TILING_ARGS by default
       timeout "${TILING_S:-400}" python3 benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} \
         --json "$R/$step.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?"
       unpack_base
       if [ -d /tmp/base/gdn_fuzz ] && [ -z "${NO_BASE:-}" ]; then  # the base tree's kernel, same tilings, same call
         (cd /tmp/base && PYTHONPATH=$BASE_PP_TREE timeout 300 python3 \
-          benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} --json "$R/$step-base.json") \
+          benchmarks/oracle_tiling.py --target production --B 8 64 ${BASE_TILING_ARGS-${TILING_ARGS:-}} \
+          --json "$R/$step-base.json") \
           > "$R/$step-base.txt" 2>&1
         echo "$step base rc=$?"; tail -n 12 "$R/$step-base.txt" | cut -c1-200
       fi ;;
