@@ -12,7 +12,9 @@ GPU's, not the host's), and checks that every tiling gives the first one's sums 
 magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  --unroll off on
 times each tiling with its loops as loops and unrolled (fused_oracle.UNROLL), and says whether the
 unrolled kernel gave the same bits as the loop at that tiling (measure's sums, history's U): it should,
-the operations and their order being the same.  At the end, per compiled kernel: its registers and
+the operations and their order being the same.  "history bits": history's U bit for bit as the first
+tiling's with as many warps (the warps split K, so the value rows per program should not change a bit:
+case.materialize's records depend on it).  At the end, per compiled kernel: its registers and
 spills (Triton's cache of the jitted function).
 
     python benchmarks/oracle_tiling.py --target production --B 8 64 --unroll off on --json tiling.json
@@ -81,7 +83,7 @@ def main(argv=None):
     target = get_target(args.target)
     rows = []
     print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'unroll':>6s} {'measure ms':>10s} {'history ms':>10s} "
-          f"{'vs first':>10s} {'bits as loop':>12s}")
+          f"{'vs first':>10s} {'bits as loop':>12s} {'history bits':>13s}")
     for B in args.B:
         case = _case(B, args.H, args.HV, args.T, seed=B)
         obs = observe(target, case, "cuda")
@@ -96,6 +98,7 @@ def main(argv=None):
         beta = torch.rand(n, 16, args.HV, device="cuda", generator=gen, dtype=torch.float64)
         rows_h = torch.arange(n, device="cuda")
         ref = None
+        hist_ref = {}  # num_warps -> history's U of the first tiling with that many warps
         for bv in args.block_v:
             for w in args.warps:
                 loop = None  # (sums, U) of this tiling's first unroll setting
@@ -119,16 +122,17 @@ def main(argv=None):
                     if loop is None:
                         loop = (sums, U)
                     same_bits = _same_bits(sums, loop[0]) and _same_bits(U, loop[1])
+                    hist_same = _same_bits(U, hist_ref.setdefault(w, U))
                     err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs()
                            / ref[..., 1:2].sqrt().clamp_min(1e-300))
                     agree = float(err.max())
                     same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
                     rows.append(dict(B=B, block_v=bv, num_warps=w, unroll=on, measure_ms=m_ms, history_ms=h_ms,
                                      vs_first=agree, nonfinite_counts_equal=same_bad,
-                                     same_bits_as_first_unroll=same_bits))
+                                     same_bits_as_first_unroll=same_bits, history_same_bits_as_warps_first=hist_same))
                     flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
                     print(f"{B:4d} {bv:7d} {w:5d} {unroll:>6s} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e} "
-                          f"{str(same_bits):>12s}{flag}", flush=True)
+                          f"{str(same_bits):>12s} {str(hist_same):>13s}{flag}", flush=True)
                     _dump(args, rows)
     kernels = _compiled()
     for k in kernels:
