@@ -9,15 +9,16 @@ GPU floor.  This times, for each (block_v, num_warps), the two calls a checked l
 
 each captured as a CUDA graph and replayed --reps times between CUDA events (so the time is the
 GPU's, not the host's), and checks that every tiling gives the first one's sums to 1e-12 of their
-magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  --unroll off on
-times each tiling with its loops as loops and unrolled (fused_oracle.UNROLL), and says whether the
-unrolled kernel gave the same bits as the loop at that tiling (measure's sums, history's U): it should,
-the operations and their order being the same.  "history bits": history's U bit for bit as the first
-tiling's with as many warps (the warps split K, so the value rows per program should not change a bit:
-case.materialize's records depend on it).  At the end, per compiled kernel: its registers and
+magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  --variants times
+each tiling with the kernel's loops as loops (loop), unrolled (unroll: fused_oracle.UNROLL) and with the
+window's records loaded one ahead (prefetch: fused_oracle.PREFETCH; history has no window, so there it
+is the loop), and says whether each gave the first variant's bits at that tiling (measure's sums,
+history's U): it should, the operations and their order being the same.  "history bits": history's U
+bit for bit as the first tiling's with as many warps (the warps split K, so the value rows per program
+should not change a bit: case.materialize's records depend on it).  At the end, per compiled kernel: its registers and
 spills (Triton's cache of the jitted function).
 
-    python benchmarks/oracle_tiling.py --target production --B 8 64 --unroll off on --json tiling.json
+    python benchmarks/oracle_tiling.py --target production --B 8 64 --variants loop prefetch --json t.json
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.targets import get_target
 
 RTOL = 1e-12  # tests/test_fused_oracle.py's bound for two float64 summation orders
+VARIANTS = dict(loop=dict(unroll=False, prefetch=False), unroll=dict(unroll=True, prefetch=False),
+                prefetch=dict(unroll=False, prefetch=True))
 
 
 def _case(B, H, HV, T, seed):
@@ -76,14 +79,14 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--block-v", nargs="+", type=int, default=[8, 16, 32])
     ap.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
-    ap.add_argument("--unroll", nargs="+", choices=("off", "on"), default=["off"])
+    ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["loop"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = get_target(args.target)
     rows = []
-    print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'unroll':>6s} {'measure ms':>10s} {'history ms':>10s} "
-          f"{'vs first':>10s} {'bits as loop':>12s} {'history bits':>13s}")
+    print(f"{'B':>4s} {'block_v':>7s} {'warps':>5s} {'variant':>8s} {'measure ms':>10s} {'history ms':>10s} "
+          f"{'vs first':>10s} {'bits as 1st':>12s} {'history bits':>13s}")
     for B in args.B:
         case = _case(B, args.H, args.HV, args.T, seed=B)
         obs = observe(target, case, "cuda")
@@ -101,18 +104,18 @@ def main(argv=None):
         hist_ref = {}  # num_warps -> history's U of the first tiling with that many warps
         for bv in args.block_v:
             for w in args.warps:
-                loop = None  # (sums, U) of this tiling's first unroll setting
-                for unroll in args.unroll:
-                    on = unroll == "on"
+                loop = None  # (sums, U) of this tiling's first variant
+                for variant in args.variants:
+                    flags = VARIANTS[variant]
 
-                    def meas(bv=bv, w=w, on=on):
+                    def meas(bv=bv, w=w, flags=flags):
                         return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
                                                     pool_after=a["initial_state_source"], block_v=bv, num_warps=w,
-                                                    unroll=on).sums
+                                                    **flags).sums
 
-                    def hist(bv=bv, w=w, on=on):
+                    def hist(bv=bv, w=w, flags=flags):
                         return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
-                                                    block_v=bv, num_warps=w, unroll=on)
+                                                    block_v=bv, num_warps=w, unroll=flags["unroll"])
 
                     m_ms, sums = _graph_ms(meas, args.reps)
                     h_ms, U = _graph_ms(hist, args.reps)
@@ -127,11 +130,11 @@ def main(argv=None):
                            / ref[..., 1:2].sqrt().clamp_min(1e-300))
                     agree = float(err.max())
                     same_bad = bool(torch.equal(sums[..., 2], ref[..., 2]))
-                    rows.append(dict(B=B, block_v=bv, num_warps=w, unroll=on, measure_ms=m_ms, history_ms=h_ms,
+                    rows.append(dict(B=B, block_v=bv, num_warps=w, variant=variant, measure_ms=m_ms, history_ms=h_ms,
                                      vs_first=agree, nonfinite_counts_equal=same_bad,
-                                     same_bits_as_first_unroll=same_bits, history_same_bits_as_warps_first=hist_same))
+                                     same_bits_as_first_variant=same_bits, history_same_bits_as_warps_first=hist_same))
                     flag = "" if agree <= RTOL and same_bad else "  DIFFERS"
-                    print(f"{B:4d} {bv:7d} {w:5d} {unroll:>6s} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e} "
+                    print(f"{B:4d} {bv:7d} {w:5d} {variant:>8s} {m_ms:10.3f} {h_ms:10.3f} {agree:10.1e} "
                           f"{str(same_bits):>12s} {str(hist_same):>13s}{flag}", flush=True)
                     _dump(args, rows)
     kernels = _compiled()

@@ -63,6 +63,8 @@ HISTORY_NUM_WARPS = 2
 # depend on the state, can be issued before the sums of earlier ones: the same operations in the same order
 UNROLL = False
 HISTORY_UNROLL = False
+# the window's records loaded one record ahead of their sums (launch and measure; history has no window)
+PREFETCH = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,7 +182,7 @@ def _kernel(interpret: bool):
             sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
             T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
             HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False,
-            UNROLL: tl.constexpr = False):
+            UNROLL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -208,18 +210,36 @@ def _kernel(interpret: bool):
             # only the nw records of the window: nothing outside it is read, so its poison cannot leak
             # the loads are predicated on j < nw rather than branched around, so that with UNROLL (the loop
             # unrolled) the compiler can issue later records' loads before earlier records' sums (the loads do not
-            # depend on S); the same operations on the same records in the same order either way
-            # (W, a static bound: Triton 3.6's interpreter cannot loop to a loaded value)
+            # depend on S); with PREFETCH, iteration j loads record j + 1 and the slot of record j + 2 before it adds
+            # record j (loaded by the iteration before), so a record's loads wait through one record's sums instead
+            # of stalling them.  The same operations on the same records in the same order in every variant.
+            # The masks mk and mv are off outside the window: offs < a bound that is 0 there (Triton 3.9's
+            # interpreter rejects a mask and-ed with a loaded scalar's comparison); wslots and w are [.., W], so
+            # their loads need no mask.  W: a static bound (Triton 3.6's interpreter cannot loop to a loaded value)
+            kb = kc_ptr + row * sk_r + kh * sk_h + offs_k * sk_k  # + slot * sk_s: a record's key
+            ub = uw_ptr + row * sw_r + hv * sw_h + offs_v * sw_v  # + slot * sw_s: its update
+            sb = wslot_ptr + b * W
+            wb = w_ptr + bh * W
+            if PREFETCH:  # record 0, and record 1's slot
+                s0 = tl.load(sb)
+                kn = tl.load(kb + s0 * sk_s, mask=offs_k < tl.where(0 < nw, K, 0), other=0.0)
+                un = tl.load(ub + s0 * sw_s, mask=offs_v < tl.where(0 < nw, V, 0), other=0.0)
+                wn = tl.load(wb)
+                sn = tl.load(sb + 1)
             for j in tl.range(W, loop_unroll_factor=W if UNROLL else 1):
                 inw = j < nw
-                sl = tl.load(wslot_ptr + b * W + j)  # wslots and w are [.., W]: defined for every j
-                wj = tl.load(w_ptr + bh * W + j)
-                # (the masks mk and mv, off outside the window: offs < a bound that is 0 there; Triton 3.9's
-                # interpreter rejects a mask and-ed with a loaded scalar's comparison)
-                kj = tl.load(kc_ptr + row * sk_r + kh * sk_h + sl * sk_s + offs_k * sk_k,
-                             mask=offs_k < tl.where(inw, K, 0), other=0.0).to(tl.float64)
-                uj = tl.load(uw_ptr + row * sw_r + hv * sw_h + sl * sw_s + offs_v * sw_v,
-                             mask=offs_v < tl.where(inw, V, 0), other=0.0).to(tl.float64)
+                if PREFETCH:
+                    kj, uj, wj = kn.to(tl.float64), un.to(tl.float64), wn
+                    on = j + 1 < nw
+                    kn = tl.load(kb + sn * sk_s, mask=offs_k < tl.where(on, K, 0), other=0.0)
+                    un = tl.load(ub + sn * sw_s, mask=offs_v < tl.where(on, V, 0), other=0.0)
+                    wn = tl.load(wb + tl.minimum(j + 1, W - 1))
+                    sn = tl.load(sb + tl.minimum(j + 2, W - 1))
+                else:
+                    sl = tl.load(sb + j)
+                    wj = tl.load(wb + j)
+                    kj = tl.load(kb + sl * sk_s, mask=offs_k < tl.where(inw, K, 0), other=0.0).to(tl.float64)
+                    uj = tl.load(ub + sl * sw_s, mask=offs_v < tl.where(inw, V, 0), other=0.0).to(tl.float64)
                 if inw:
                     S += (wj * uj)[:, None] * kj[None, :]
                     M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
@@ -406,7 +426,8 @@ def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_ca
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL) -> ring_oracle.LaunchExpectation:
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL,
+           prefetch: bool = PREFETCH) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
@@ -415,7 +436,8 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     _run(pool, named, v, (B, T, K, HV, V), unused=y, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), UNROLL=unroll)
+         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), UNROLL=unroll,
+         PREFETCH=prefetch)
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -444,7 +466,8 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL) -> Measured:
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL,
+            prefetch: bool = PREFETCH) -> Measured:
     """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
     the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
     u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
@@ -459,7 +482,8 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
                 app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
     _run(pool, named, v, (B, T, K, HV, V), unused=sums, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, UNROLL=unroll)
+         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, UNROLL=unroll,
+         PREFETCH=prefetch)
     return Measured(sums=sums.sum(2), **app)
 
 

@@ -155,10 +155,10 @@ def small_cases(draw, poison=None):
     return dataclasses.replace(case, rows=rows)
 
 
-def _compare_case(case: Case, block_v: int) -> dict:
+def _compare_case(case: Case, block_v: int, prefetch: bool = False) -> dict:
     """(in the interpreter process) both oracles on the materialized case, every field compared."""
     kw = kwargs(case, materialize(case))
-    return compare(fused_oracle.launch(**kw, block_v=block_v), ring.launch(**kw))
+    return compare(fused_oracle.launch(**kw, block_v=block_v, prefetch=prefetch), ring.launch(**kw))
 
 
 def _events(case: Case):
@@ -168,19 +168,21 @@ def _events(case: Case):
 
 
 @hsettings(10)
-@given(case=small_cases(), block_v=st.sampled_from((128, 32)))
-def test_fused_matches_spec(interpreter, case, block_v):
-    """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc)."""
+@given(case=small_cases(), block_v=st.sampled_from((128, 32)), prefetch=st.booleans())
+def test_fused_matches_spec(interpreter, case, block_v, prefetch):
+    """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc), with the
+    window's records loaded as they are added and one ahead (fused_oracle.PREFETCH)."""
     _events(case)
-    run_in_interpreter(interpreter, _compare_case, case, block_v)
+    run_in_interpreter(interpreter, _compare_case, case, block_v, prefetch)
 
 
 @hsettings(6)
-@given(case=small_cases(poison=True))
-def test_fused_matches_spec_poisoned(interpreter, case):
-    """Poisoned rings and unused pool rows (NaN): NaN appears exactly where the spec has it."""
+@given(case=small_cases(poison=True), prefetch=st.booleans())
+def test_fused_matches_spec_poisoned(interpreter, case, prefetch):
+    """Poisoned rings and unused pool rows (NaN): NaN appears exactly where the spec has it (the records past the
+    window, which prefetch's masked loads must not read, are poisoned here)."""
     _events(case)
-    run_in_interpreter(interpreter, _compare_case, case, 128)
+    run_in_interpreter(interpreter, _compare_case, case, 128, prefetch)
 
 
 def _gpu_tiling():
@@ -529,12 +531,13 @@ def _zero_bf16_subnormals(t) -> None:
         t.masked_fill_((t != 0) & (t.abs() < BF16_TINY), 0.0)
 
 
-def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu"):
+def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu", prefetch: bool = False):
     obs = _observed(case, perturb, device)
     kw = kwargs(case, obs.before)
     want = checks.summed_errors(obs, ring.launch(**kw))
     got = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                               pool_after=obs.after["initial_state_source"], block_v=block_v).sums
+                               pool_after=obs.after["initial_state_source"], block_v=block_v,
+                               prefetch=prefetch).sums
     assert got.shape == want.shape == (case.B, case.HV, 3, 3), (got.shape, want.shape)
     assert torch.equal(got[..., 2], want[..., 2]), f"non-finite counts differ: {got[..., 2]} vs {want[..., 2]}"
     err_f, err_s, den_f, den_s = got[..., 0].sqrt(), want[..., 0].sqrt(), got[..., 1].sqrt(), want[..., 1].sqrt()
@@ -555,14 +558,16 @@ SUBNORMAL_POOL = Case(arm="bf16", T=4, H=2, HV=2, pool=1, rows=(Row(0, 1, 0),), 
 
 
 @hsettings(8)
-@given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)))
-@example(case=SUBNORMAL_POOL, perturb="none", block_v=32)
-def test_measure_matches_summed_errors(interpreter, case, perturb, block_v):
+@given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)),
+       prefetch=st.booleans())
+@example(case=SUBNORMAL_POOL, perturb="none", block_v=32, prefetch=False)
+def test_measure_matches_summed_errors(interpreter, case, perturb, block_v, prefetch):
     """fused_oracle.measure's sums equal checks.summed_errors of the spec's expectation (bound above), for the
-    reference target's launch and for one planted error in what it left (NaN, inf, noise, no output)."""
+    reference target's launch and for one planted error in what it left (NaN, inf, noise, no output); the
+    window's records loaded as they are added and one ahead."""
     _events(case)
     event(f"perturb {perturb}")
-    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v)
+    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v, "cpu", prefetch)
 
 
 def test_measure_counts_planted_non_finite(interpreter):
@@ -598,33 +603,38 @@ def test_fused_on_cuda_matches_spec(decay):
 
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: unrolling is the compiler's (Triton's "
-                    "interpreter runs the loops as Python loops either way, so there the comparison is vacuous)")
-def test_unrolled_kernel_gives_the_loops_bits():
-    """fused_oracle.UNROLL unrolls the kernel's loops without changing its operations or their order: launch()'s
-    every field, measure()'s sums and history()'s U, bit for bit, with the loops unrolled and as loops (T = 8, a
-    full window, windows of 5 and 0 records, a pad row on a poisoned row 0, a NaN planted in an appended record)."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: unrolling and the load "
+                    "order are the compiled kernel's (Triton's interpreter runs every variant as Python in program "
+                    "order, so there the bit comparison would show nothing)")
+def test_unrolled_and_prefetching_kernels_give_the_loops_bits():
+    """fused_oracle.UNROLL (the loops unrolled) and PREFETCH (the window's records loaded one ahead) change no
+    operation and no order: launch()'s every field, measure()'s sums and history()'s U, bit for bit, against the
+    plain loops (T = 8, a full window, windows of 5 and 0 records, a pad row on a poisoned row 0, a NaN planted in
+    an appended record)."""
     case = Case(arm="bf16", T=8, H=2, HV=8, pool=5, flush_min=9, seed=11, draws="cuda", regime=Regime(poison=True),
                 rows=(Row(4, 16, 20), Row(-1, 3, 7), Row(1, 5, 29), Row(2, 0, 0)))
     obs = _observed(case, "nan_u", "cuda")
     kw = kwargs(case, obs.before)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    k_hat = gdn_oracle.l2norm(torch.randn(3, 16, 8, 128, device="cuda", generator=gen)).double()
+    v = torch.randn(3, 16, 8, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
+    beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
     runs = {}
-    for on in (False, True):
-        e = fused_oracle.launch(**kw, unroll=on)
+    for unroll, prefetch in ((False, False), (True, False), (False, True)):
+        e = fused_oracle.launch(**kw, unroll=unroll, prefetch=prefetch)
         sums = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                                    pool_after=obs.after["initial_state_source"], unroll=on).sums
-        gen = torch.Generator(device="cuda").manual_seed(5)
-        k_hat = gdn_oracle.l2norm(torch.randn(3, 16, 8, 128, device="cuda", generator=gen)).double()
-        v = torch.randn(3, 16, 8, 128, device="cuda", generator=gen).to(torch.bfloat16)
-        g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
-        beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
+                                    pool_after=obs.after["initial_state_source"], unroll=unroll,
+                                    prefetch=prefetch).sums
         U = fused_oracle.history(obs.before["initial_state_source"], torch.tensor([4, 0, 2], device="cuda"), g,
-                                 beta, k_hat, v, unroll=on)
-        runs[on] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag", "fold",
-                                                                      "fold_mag")})
-    assert float(runs[False]["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
-    for name, want in runs[False].items():  # the bits, NaNs' included
-        assert torch.equal(runs[True][name].view(torch.int64), want.view(torch.int64)), name
+                                 beta, k_hat, v, unroll=unroll)
+        runs[unroll, prefetch] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag",
+                                                                                    "fold", "fold_mag")})
+    loop = runs.pop((False, False))
+    assert float(loop["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
+    for variant, got in runs.items():
+        for name, want in loop.items():  # the bits, NaNs' included
+            assert torch.equal(got[name].view(torch.int64), want.view(torch.int64)), (variant, name)
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",
