@@ -59,12 +59,11 @@ NUM_WARPS = 1
 # K, and so, rarely, a bit of the float32 records a CUDA-drawn case materializes (corpus entries replay them)
 HISTORY_BLOCK_V = 16
 HISTORY_NUM_WARPS = 2
-# the kernel's loops (the window's records, the tokens) unrolled, so that the loads of later iterations, which do not
-# depend on the state, can be issued before the sums of earlier ones: the same operations in the same order
-UNROLL = False
-HISTORY_UNROLL = False
-# the window's records loaded one record ahead of their sums (launch and measure; history has no window)
-PREFETCH = False
+# the window's records loaded one record ahead of their sums (launch and measure; history has no window): on an H100
+# (run 93, benchmarks/oracle_tiling.py) the measure kernel at this tiling 1.17 ms against 1.39 without (B = 64), 0.31
+# against 0.35 (B = 8), the same bits (measure's sums at all 8 tilings tried); unrolling the loops instead (Triton's
+# loop_unroll_factor) was slower and changed the sums' bits, and was dropped
+PREFETCH = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,7 +181,7 @@ def _kernel(interpret: bool):
             sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
             T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
             HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False,
-            UNROLL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+            PREFETCH: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -208,14 +207,14 @@ def _kernel(interpret: bool):
             kh = hv // GH
             # the window's records are read where they are (the ring, in its stored dtype: widening is exact),
             # only the nw records of the window: nothing outside it is read, so its poison cannot leak
-            # the loads are predicated on j < nw rather than branched around, so that with UNROLL (the loop
-            # unrolled) the compiler can issue later records' loads before earlier records' sums (the loads do not
-            # depend on S); with PREFETCH, iteration j loads record j + 1 and the slot of record j + 2 before it adds
-            # record j (loaded by the iteration before), so a record's loads wait through one record's sums instead
-            # of stalling them.  The same operations on the same records in the same order in every variant.
-            # The masks mk and mv are off outside the window: offs < a bound that is 0 there (Triton 3.9's
-            # interpreter rejects a mask and-ed with a loaded scalar's comparison); wslots and w are [.., W], so
-            # their loads need no mask.  W: a static bound (Triton 3.6's interpreter cannot loop to a loaded value)
+            # PREFETCH: iteration j loads record j + 1 and the slot of record j + 2 before it adds record j (loaded
+            # by the iteration before), so a record's loads wait through one record's sums instead of stalling them
+            # (the loads do not depend on S).  Its loads are predicated on the window, not branched around: the
+            # masks mk and mv are off outside it, offs < a bound that is 0 there (Triton 3.9's interpreter rejects a
+            # mask and-ed with a loaded scalar's comparison); wslots and w are [.., W], so their loads need no mask.
+            # Without it, each record is loaded inside the branch that adds it.  The same operations on the same
+            # records in the same order either way.  W: a static bound (Triton 3.6's interpreter cannot loop to a
+            # loaded value)
             kb = kc_ptr + row * sk_r + kh * sk_h + offs_k * sk_k  # + slot * sk_s: a record's key
             ub = uw_ptr + row * sw_r + hv * sw_h + offs_v * sw_v  # + slot * sw_s: its update
             sb = wslot_ptr + b * W
@@ -226,8 +225,7 @@ def _kernel(interpret: bool):
                 un = tl.load(ub + s0 * sw_s, mask=offs_v < tl.where(0 < nw, V, 0), other=0.0)
                 wn = tl.load(wb)
                 sn = tl.load(sb + 1)
-            for j in tl.range(W, loop_unroll_factor=W if UNROLL else 1):
-                inw = j < nw
+            for j in range(W):
                 if PREFETCH:
                     kj, uj, wj = kn.to(tl.float64), un.to(tl.float64), wn
                     on = j + 1 < nw
@@ -235,14 +233,17 @@ def _kernel(interpret: bool):
                     un = tl.load(ub + sn * sw_s, mask=offs_v < tl.where(on, V, 0), other=0.0)
                     wn = tl.load(wb + tl.minimum(j + 1, W - 1))
                     sn = tl.load(sb + tl.minimum(j + 2, W - 1))
+                    if j < nw:
+                        S += (wj * uj)[:, None] * kj[None, :]
+                        M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
                 else:
-                    sl = tl.load(sb + j)
-                    wj = tl.load(wb + j)
-                    kj = tl.load(kb + sl * sk_s, mask=offs_k < tl.where(inw, K, 0), other=0.0).to(tl.float64)
-                    uj = tl.load(ub + sl * sw_s, mask=offs_v < tl.where(inw, V, 0), other=0.0).to(tl.float64)
-                if inw:
-                    S += (wj * uj)[:, None] * kj[None, :]
-                    M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
+                    if j < nw:
+                        sl = tl.load(sb + j)
+                        wj = tl.load(wb + j)
+                        kj = tl.load(kb + sl * sk_s, mask=mk, other=0.0).to(tl.float64)
+                        uj = tl.load(ub + sl * sw_s, mask=mv, other=0.0).to(tl.float64)
+                        S += (wj * uj)[:, None] * kj[None, :]
+                        M += (wj * tl.abs(uj))[:, None] * tl.abs(kj)[None, :]
             if MEASURE:  # the pool row after the launch against S_P (read for every row; check_oracle masks)
                 fa = tl.load(pa_ptr + row * sa_r + hv * sa_h + offs_v[:, None] * sa_v + offs_k[None, :] * sa_k,
                              mask=m2, other=0.0).to(tl.float64)
@@ -264,7 +265,7 @@ def _kernel(interpret: bool):
             u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
 
         # the T drafts (M4) and their magnitudes
-        for t in tl.range(T, loop_unroll_factor=T if UNROLL else 1):
+        for t in range(T):
             bth = (b * T + t) * HV + hv
             eg = tl.load(eg_ptr + bth)
             bt = tl.load(beta_ptr + bth)
@@ -426,7 +427,7 @@ def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_ca
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL,
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
            prefetch: bool = PREFETCH) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
@@ -436,8 +437,7 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     _run(pool, named, v, (B, T, K, HV, V), unused=y, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), UNROLL=unroll,
-         PREFETCH=prefetch)
+         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), PREFETCH=prefetch)
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -466,8 +466,7 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, unroll: bool = UNROLL,
-            prefetch: bool = PREFETCH) -> Measured:
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, prefetch: bool = PREFETCH) -> Measured:
     """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
     the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
     u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
@@ -482,13 +481,12 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
                 app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
     _run(pool, named, v, (B, T, K, HV, V), unused=sums, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, UNROLL=unroll,
-         PREFETCH=prefetch)
+         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, PREFETCH=prefetch)
     return Measured(sums=sums.sum(2), **app)
 
 
 def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
-            num_warps: int = HISTORY_NUM_WARPS, unroll: bool = HISTORY_UNROLL) -> torch.Tensor:
+            num_warps: int = HISTORY_NUM_WARPS) -> torch.Tensor:
     """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
     (its second output), from the launch kernel with no window and no magnitudes: how
     case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored
@@ -505,7 +503,7 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
     u = U  # pointers the HISTORY variant never reads or writes
     named = dict(rows=rows.long().contiguous(), eg=f64(torch.exp(g)), beta=f64(beta), k=f64(k_hat))
     _run(pool, named, v, (n, T, K, HV, V), unused=u, block_v=block_v, num_warps=num_warps,
-         stores=(u, u, U, u, u, u), HISTORY=True, UNROLL=unroll)
+         stores=(u, u, U, u, u, u), HISTORY=True)
     return U
 
 

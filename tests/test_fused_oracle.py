@@ -52,7 +52,6 @@ from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Regime, Row, materialize
 from gdn_fuzz.observation import observe
-from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring
 from gdn_fuzz.strategies import case_events, cases
 from gdn_fuzz.targets import get_target
@@ -603,38 +602,28 @@ def test_fused_on_cuda_matches_spec(decay):
 
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: unrolling and the load "
-                    "order are the compiled kernel's (Triton's interpreter runs every variant as Python in program "
-                    "order, so there the bit comparison would show nothing)")
-def test_unrolled_and_prefetching_kernels_give_the_loops_bits():
-    """fused_oracle.UNROLL (the loops unrolled) and PREFETCH (the window's records loaded one ahead) change no
-    operation and no order: launch()'s every field, measure()'s sums and history()'s U, bit for bit, against the
-    plain loops (T = 8, a full window, windows of 5 and 0 records, a pad row on a poisoned row 0, a NaN planted in
-    an appended record)."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the load order is the compiled "
+                    "kernel's (Triton's interpreter runs both variants as Python in program order, so there the bit "
+                    "comparison would show nothing)")
+def test_prefetching_kernel_gives_the_loops_bits():
+    """fused_oracle.PREFETCH (the window's records loaded one ahead) changes no operation and no order: launch()'s
+    every field and measure()'s sums, bit for bit, with and without it (T = 8, a full window, windows of 5 and 0
+    records, a pad row on a poisoned row 0, a NaN planted in an appended record).  (Unrolling the loops, tried in
+    run 93, changed the sums' bits: the compiled code is not bound to keep them.)"""
     case = Case(arm="bf16", T=8, H=2, HV=8, pool=5, flush_min=9, seed=11, draws="cuda", regime=Regime(poison=True),
                 rows=(Row(4, 16, 20), Row(-1, 3, 7), Row(1, 5, 29), Row(2, 0, 0)))
     obs = _observed(case, "nan_u", "cuda")
     kw = kwargs(case, obs.before)
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    k_hat = gdn_oracle.l2norm(torch.randn(3, 16, 8, 128, device="cuda", generator=gen)).double()
-    v = torch.randn(3, 16, 8, 128, device="cuda", generator=gen).to(torch.bfloat16)
-    g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
-    beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
     runs = {}
-    for unroll, prefetch in ((False, False), (True, False), (False, True)):
-        e = fused_oracle.launch(**kw, unroll=unroll, prefetch=prefetch)
+    for prefetch in (False, True):
+        e = fused_oracle.launch(**kw, prefetch=prefetch)
         sums = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                                    pool_after=obs.after["initial_state_source"], unroll=unroll,
-                                    prefetch=prefetch).sums
-        U = fused_oracle.history(obs.before["initial_state_source"], torch.tensor([4, 0, 2], device="cuda"), g,
-                                 beta, k_hat, v, unroll=unroll)
-        runs[unroll, prefetch] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag",
-                                                                                    "fold", "fold_mag")})
-    loop = runs.pop((False, False))
-    assert float(loop["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
-    for variant, got in runs.items():
-        for name, want in loop.items():  # the bits, NaNs' included
-            assert torch.equal(got[name].view(torch.int64), want.view(torch.int64)), (variant, name)
+                                    pool_after=obs.after["initial_state_source"], prefetch=prefetch).sums
+        runs[prefetch] = dict(sums=sums, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag", "fold",
+                                                                      "fold_mag")})
+    assert float(runs[False]["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
+    for name, want in runs[False].items():  # the bits, NaNs' included
+        assert torch.equal(runs[True][name].view(torch.int64), want.view(torch.int64)), name
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",
