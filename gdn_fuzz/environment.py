@@ -8,10 +8,11 @@ import os
 from importlib import metadata
 
 
-def choice(var: str, choices: tuple, meaning: str) -> str:
-    """The value of environment variable `var`, lower-cased, one of `choices` (unset or empty: the first).  Any
-    other value raises ValueError naming the variable, its value, the choices and `meaning` (what each does)."""
-    val = os.environ.get(var, "").strip().lower() or choices[0]
+def choice(var: str, choices: tuple, meaning: str, default: str | None = None) -> str:
+    """The value of environment variable `var`, lower-cased, one of `choices` (unset or empty: `default`, else the
+    first).  Any other value raises ValueError naming the variable, its value, the choices and `meaning` (what each
+    does)."""
+    val = os.environ.get(var, "").strip().lower() or (choices[0] if default is None else default)
     if val not in choices:
         raise ValueError(f"{var}={os.environ[var]!r} is not a legal choice; use one of {', '.join(choices)} "
                          f"({meaning})")

@@ -47,12 +47,12 @@ def _insertions(small: list, big: list) -> int | None:
     return extra
 
 
-@pytest.mark.parametrize("depth", (DEFER_DEPTH, 2))
+@pytest.mark.parametrize("depth", sorted({1, DEFER_DEPTH}))
 def test_deferred_verdicts_find_and_shrink_what_waiting_finds(depth):
     """The same findings, shrunk to the same cases, as the campaign that waits for each verdict; the deferred run
     checks the waiting run's cases in the same order, plus at most defer_depth cases after each first failure (sent
     before its verdict was read), and checks no case of a rerun again.  Fails if the rerun does not replay the
-    round's cases (a different draw) or checks them again.  At the default depth and at 2 ($GDN_FUZZ_DEFER_DEPTH)."""
+    round's cases (a different draw) or checks them again.  At the default depth and at 1 ($GDN_FUZZ_DEFER_DEPTH)."""
     runs = {}
     for defer in (False, True):
         c, rec = _campaign("mutant:fold_skipped", defer, **({"defer_depth": depth} if defer else {}))
@@ -71,7 +71,7 @@ def test_deferred_verdicts_find_and_shrink_what_waiting_finds(depth):
     assert late.stats.examples == len(late_cases) == len(wait_cases)
 
 
-@pytest.mark.parametrize("depth", (DEFER_DEPTH, 2))
+@pytest.mark.parametrize("depth", sorted({1, DEFER_DEPTH}))
 def test_a_case_is_sent_before_the_verdict_before_it_is_read(monkeypatch, depth):
     """The overlap itself: in a deferred round, cases n + 1 .. n + defer_depth are in the worker's pipe when the
     verdict of case n is read, so the worker starts the next the moment it answers (Worker.submit / collect).  Fails
@@ -145,10 +145,10 @@ def test_the_depth_is_the_campaigns_or_the_environments(monkeypatch):
     from gdn_fuzz.engine.campaign import MAX_DEFER_DEPTH
 
     monkeypatch.delenv("GDN_FUZZ_DEFER_DEPTH", raising=False)
-    assert _campaign("reference", True)[0].defer_depth == DEFER_DEPTH == 1
+    assert _campaign("reference", True)[0].defer_depth == DEFER_DEPTH == 2
     monkeypatch.setenv("GDN_FUZZ_DEFER_DEPTH", "3")
     assert _campaign("reference", True)[0].defer_depth == 3
-    assert _campaign("reference", True, defer_depth=2)[0].defer_depth == 2
+    assert _campaign("reference", True, defer_depth=1)[0].defer_depth == 1
     for bad in (0, MAX_DEFER_DEPTH + 1, True, 1.5):
         with pytest.raises(ValueError, match=rf"defer_depth={bad!r}: give an int in \[1, {MAX_DEFER_DEPTH}\]"):
             _campaign("reference", True, defer_depth=bad)

@@ -250,22 +250,22 @@ class DeferredFailure(BaseException):
     ends the Hypothesis run at once, and the round is run again to shrink it (Campaign._deferred_pass)."""
 
 
-# deferred verdicts: cases the worker holds beyond the one it runs (Campaign.defer_depth's default).  One is enough for
-# the worker never to wait for the next case while each of the campaign's steps between two checks is shorter than a
-# check, and it is what a crash or a stop costs again.  In run 90 (H100, 4 seeds per structure) the worker still
-# waited ~0.6 ms per example, on campaign-side pauses of 5 ms to 0.35 s (not the structures' draws, not the round
-# boundaries: docs/benchmarks.md, "Issue 32, seventeenth part"); $GDN_FUZZ_DEFER_DEPTH sets a deeper queue for a run
-# (defer_depth_default), to measure whether it covers them.
-DEFER_DEPTH = 1
+# deferred verdicts: cases the worker holds beyond the one it runs (Campaign.defer_depth's default).  Two: in run 93
+# (H100, one process, 4 seeds per structure, alternating on one warm machine) depth 2 checked 10,076 and 10,571 per
+# 30 s against depth 1's 8,644 and 9,066 (docs/benchmarks.md, "Issue 32, nineteenth part").  One held case left the
+# worker waiting on the campaign's pauses of 5 ms to 0.35 s (run 90); what a crash or a stop costs again is at most
+# the cases held.  $GDN_FUZZ_DEFER_DEPTH sets another depth for a run (defer_depth_default).
+DEFER_DEPTH = 2
 MAX_DEFER_DEPTH = 4
 DEFER_DEPTH_ENV = "GDN_FUZZ_DEFER_DEPTH"
 
 
 def defer_depth_default() -> int:
     """Cases a deferred campaign's worker holds beyond the one it runs, when not told ($GDN_FUZZ_DEFER_DEPTH: 1 to
-    MAX_DEFER_DEPTH; unset: the first choice, 1 = DEFER_DEPTH)."""
+    MAX_DEFER_DEPTH; unset: DEFER_DEPTH)."""
     return int(environment.choice(DEFER_DEPTH_ENV, tuple(str(n) for n in range(1, MAX_DEFER_DEPTH + 1)),
-                                  "the cases a deferred campaign's worker holds beyond the one it runs"))
+                                  f"the cases a deferred campaign's worker holds beyond the one it runs, default "
+                                  f"{DEFER_DEPTH}", default=str(DEFER_DEPTH)))
 
 
 def _count(name: str, n, hi: int, what: str) -> None:
