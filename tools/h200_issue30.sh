@@ -203,7 +203,7 @@ PY
       need_bundle
       timeout 400 python3 -m pytest tests/test_graphs.py tests/test_fused_oracle.py tests/test_draw_program.py \
         tests/test_pool_scale.py -p no:cacheprovider -q -rfEsx \
-        -k "${G32_K:-cuda or graph or replay or same_with or static or eager or key or draw or unrolled or reserved}" \
+        -k "${G32_K:-cuda or graph or replay or same_with or static or eager or key or draw or prefetching or reserved}" \
         > "$R/$step.txt" 2>&1
       echo "$step rc=$?" ;;
     g32table|g32table_*|g32camp|g32camp_*|g32product|g32product_*)
@@ -249,7 +249,7 @@ PY
       # issue 32: GPU time of the fused oracle's kernel per (block_v, num_warps), measure and history, B 8 and 64
       need_bundle
       # TILING_ARGS: e.g. "--block-v 8 16 --warps 1 2" (default: the script's tilings); BASE_TILING_ARGS: the base
-      # tree's, where it lacks an option of this tree's (--unroll); TILING_ARGS by default
+      # tree's, where it lacks an option of this tree's (--variants); TILING_ARGS by default
       timeout "${TILING_S:-400}" python3 benchmarks/oracle_tiling.py --target production --B 8 64 ${TILING_ARGS:-} \
         --json "$R/$step.json" > "$R/$step.txt" 2>&1
       echo "$step rc=$?"
@@ -298,12 +298,14 @@ PY
       # "defer" runs with deferred verdicts (GDN_FUZZ_DEFER_VERDICTS=on; PIPELINE must be 1 or auto); a TAG containing
       # "ahead" (not "noahead"): the worker draws a case sent ahead (GDN_FUZZ_DRAW_AHEAD=on; off otherwise; run 90 ran
       # when the default was on for a GPU, and named the runs without it "noahead"); "depthN" (N in 1-4): the deferred
-      # worker holds N cases beyond the one it runs (GDN_FUZZ_DEFER_DEPTH; default 1)
+      # worker holds N cases beyond the one it runs (GDN_FUZZ_DEFER_DEPTH; default 2 since run 93, 1 before)
       need_bundle
       unpack_base
       for run in ${PIPE_RUNS:-1:none:1 2:none:1 2:none:1:b 1:none:1:b}; do
         IFS=: read -r pl ps np tag k <<< "$run"
         name="$step-p$pl-$ps-n$np${k:+-k$k}${tag:+-$tag}"; extra=""; [ "$ps" != default ] && extra="--pool-scales $ps"
+        # a run named twice in PIPE_RUNS keeps both runs' logs (run 93's second runs wrote over the first's)
+        rep=2; base_name=$name; while [ -e "$R/$name.txt" ]; do name="$base_name-$rep"; rep=$((rep + 1)); done
         [ -n "$k" ] && extra="$extra --seeds-per-example $k"
         pick_tree "$tag" || { echo "$name: no base tree (BASE_TAR)"; continue; }
         if [ -n "${STACKS:-}" ]; then  # every Python process of the run samples its threads' stacks (tools/stack_sampler)
@@ -313,7 +315,7 @@ PY
         smi=$!
         dv=off; [[ "$tag" == *defer* ]] && dv=on
         da=off; [[ "$tag" == *ahead* && "$tag" != *noahead* ]] && da=on
-        dd=1; [[ "$tag" =~ depth([1-4]) ]] && dd=${BASH_REMATCH[1]}
+        dd=""; [[ "$tag" =~ depth([1-4]) ]] && dd=${BASH_REMATCH[1]}
         (cd "$tree" && PYTHONPATH=$pp GDN_FUZZ_DEFER_VERDICTS=$dv GDN_FUZZ_DRAW_AHEAD=$da GDN_FUZZ_DEFER_DEPTH=$dd timeout 300 python3 benchmarks/throughput.py \
           --target production --device cuda \
           --arms bf16 --product "${PRODUCT_S:-30}" --processes "$np" --pipeline "$pl" $extra --record-dir "$R/$name-rec" \
