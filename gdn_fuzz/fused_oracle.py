@@ -60,9 +60,9 @@ NUM_WARPS = 1
 HISTORY_BLOCK_V = 16
 HISTORY_NUM_WARPS = 2
 # the window's records loaded one record ahead of their sums (launch and measure; history has no window): on an H100
-# (run 93, benchmarks/oracle_tiling.py) the measure kernel at this tiling 1.17 ms against 1.39 without (B = 64), 0.31
-# against 0.35 (B = 8), the same bits (measure's sums at all 8 tilings tried); unrolling the loops instead (Triton's
-# loop_unroll_factor) was slower and changed the sums' bits, and was dropped
+# (run 93, benchmarks/oracle_tiling.py) the measure kernel at this tiling 1.17 ms against 1.29 with each record loaded
+# in the branch that adds it (B = 64), 0.31 against 0.34 (B = 8), the same bits (measure's sums at all 8 tilings
+# tried); unrolling the loops instead (Triton's loop_unroll_factor) was slower and changed the sums' bits: dropped
 PREFETCH = True
 
 
@@ -430,7 +430,8 @@ def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cach
            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
            prefetch: bool = PREFETCH) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
-    Triton kernel.  block_v: value rows per program (a power of two).  Reads its inputs, writes nothing."""
+    Triton kernel.  block_v: value rows per program (a power of two); prefetch: the window's records loaded one
+    ahead of their sums (PREFETCH; the same bits).  Reads its inputs, writes nothing."""
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
                                                hist_len, cache_base, flush_min, scale, validate)
     f64 = dict(dtype=torch.float64, device=q.device)
