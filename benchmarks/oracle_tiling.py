@@ -10,8 +10,9 @@ GPU floor.  This times, for each (block_v, num_warps), the two calls a checked l
 each captured as a CUDA graph and replayed --reps times between CUDA events (so the time is the
 GPU's, not the host's), and checks that every tiling gives the first one's sums to 1e-12 of their
 magnitude (float64 rounding: another summation order; tests/test_fused_oracle.py).  --variants times
-each tiling with the window's records loaded as they are added (loop) and one ahead (prefetch:
-fused_oracle.PREFETCH; history has no window, so there both are the loop), and says whether each gave
+each tiling with the window's records loaded as they are added (loop), one ahead (prefetch:
+fused_oracle.PREFETCH; history has no window, so there it is the loop) and, besides, each token's inputs
+one ahead (tokens: fused_oracle.TOKEN_PREFETCH, history's too), and says whether each gave
 the first variant's bits at that tiling (measure's sums, history's U): it should, the operations and
 their order being the same.  "history bits": history's U
 bit for bit as the first tiling's with as many warps (the warps split K, so the value rows per program
@@ -37,7 +38,8 @@ from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.targets import get_target
 
 RTOL = 1e-12  # tests/test_fused_oracle.py's bound for two float64 summation orders
-VARIANTS = dict(loop=dict(prefetch=False), prefetch=dict(prefetch=True))
+VARIANTS = dict(loop=dict(prefetch=False, token_prefetch=False), prefetch=dict(prefetch=True, token_prefetch=False),
+                tokens=dict(prefetch=True, token_prefetch=True))
 
 
 def _case(B, H, HV, T, seed):
@@ -112,9 +114,9 @@ def main(argv=None):
                                                     pool_after=a["initial_state_source"], block_v=bv, num_warps=w,
                                                     **flags).sums
 
-                    def hist(bv=bv, w=w):
+                    def hist(bv=bv, w=w, flags=flags):
                         return fused_oracle.history(inputs["initial_state_source"], rows_h, g, beta, k_hat, v,
-                                                    block_v=bv, num_warps=w)
+                                                    block_v=bv, num_warps=w, token_prefetch=flags["token_prefetch"])
 
                     m_ms, sums = _graph_ms(meas, args.reps)
                     h_ms, U = _graph_ms(hist, args.reps)

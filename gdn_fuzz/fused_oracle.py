@@ -64,6 +64,9 @@ HISTORY_NUM_WARPS = 2
 # in the branch that adds it (B = 64), 0.31 against 0.34 (B = 8), the same bits (measure's sums at all 8 tilings
 # tried); unrolling the loops instead (Triton's loop_unroll_factor) was slower and changed the sums' bits: dropped
 PREFETCH = True
+# each token's inputs loaded one token ahead of its sums (launch, measure and history): the same operations in the same
+# order; off until timed on a GPU (benchmarks/oracle_tiling.py --variants prefetch tokens, and its bits there)
+TOKEN_PREFETCH = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,7 +184,7 @@ def _kernel(interpret: bool):
             sums_ptr, NVB,  # [B, HV, NVB, 3, 3] float64 out: (y, u, fold) x (sum err^2, sum mag^2, non-finite)
             T: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
             HISTORY: tl.constexpr = False, MEASURE: tl.constexpr = False, HAS_Y: tl.constexpr = False,
-            PREFETCH: tl.constexpr = False):
+            PREFETCH: tl.constexpr = False, TOKEN_PREFETCH: tl.constexpr = False):
         pid_v = tl.program_id(0)
         hv = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -264,14 +267,46 @@ def _kernel(interpret: bool):
             u_mag = tl.zeros([BLOCK_V], dtype=tl.float64)
             u_bad = tl.zeros([BLOCK_V], dtype=tl.float64)
 
-        # the T drafts (M4) and their magnitudes
+        # the T drafts (M4) and their magnitudes.  TOKEN_PREFETCH: iteration t loads token t + 1's inputs (none
+        # depends on S; the last iteration loads token T - 1's again) before its own sums, as PREFETCH does for the
+        # window's records; token 0's are loaded before the loop.  The same operations in the same order.
+        if TOKEN_PREFETCH:
+            bth0 = b * T * HV + hv
+            egn, btn = tl.load(eg_ptr + bth0), tl.load(beta_ptr + bth0)
+            ktn = tl.load(k_ptr + bth0 * K + offs_k, mask=mk, other=0.0)
+            vtn = tl.load(v_ptr + b * sv_b + hv * sv_h + offs_v * sv_v, mask=mv, other=0.0)
+            if not HISTORY:
+                qtn = tl.load(q_ptr + bth0 * K + offs_k, mask=mk, other=0.0)
+            if MEASURE:
+                ugn = tl.load(uc_ptr + row * su_r + hv * su_h + tl.load(slots_ptr + b * T) * su_s + offs_v * su_v,
+                              mask=mv, other=0.0)
+                if HAS_Y:
+                    ygn = tl.load(yo_ptr + b * sy_b + hv * sy_h + offs_v * sy_v, mask=mv, other=0.0)
         for t in range(T):
             bth = (b * T + t) * HV + hv
-            eg = tl.load(eg_ptr + bth)
-            bt = tl.load(beta_ptr + bth)
-            kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
-            vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv,
-                         other=0.0).to(tl.float64)
+            if TOKEN_PREFETCH:
+                eg, bt, kt, vt = egn, btn, ktn, vtn.to(tl.float64)
+                tn = tl.minimum(t + 1, T - 1)
+                bthn = (b * T + tn) * HV + hv
+                egn, btn = tl.load(eg_ptr + bthn), tl.load(beta_ptr + bthn)
+                ktn = tl.load(k_ptr + bthn * K + offs_k, mask=mk, other=0.0)
+                vtn = tl.load(v_ptr + b * sv_b + tn * sv_t + hv * sv_h + offs_v * sv_v, mask=mv, other=0.0)
+                if not HISTORY:
+                    qt = qtn
+                    qtn = tl.load(q_ptr + bthn * K + offs_k, mask=mk, other=0.0)
+                if MEASURE:
+                    ug = ugn.to(tl.float64)
+                    ugn = tl.load(uc_ptr + row * su_r + hv * su_h + tl.load(slots_ptr + b * T + tn) * su_s
+                                  + offs_v * su_v, mask=mv, other=0.0)
+                    if HAS_Y:
+                        yg = ygn.to(tl.float64)
+                        ygn = tl.load(yo_ptr + b * sy_b + tn * sy_t + hv * sy_h + offs_v * sy_v, mask=mv, other=0.0)
+            else:
+                eg = tl.load(eg_ptr + bth)
+                bt = tl.load(beta_ptr + bth)
+                kt = tl.load(k_ptr + bth * K + offs_k, mask=mk, other=0.0)
+                vt = tl.load(v_ptr + b * sv_b + t * sv_t + hv * sv_h + offs_v * sv_v, mask=mv,
+                             other=0.0).to(tl.float64)
             S = eg * S
             U = bt * (vt - tl.sum(S * kt[None, :], axis=1))
             S += U[:, None] * kt[None, :]
@@ -279,7 +314,8 @@ def _kernel(interpret: bool):
             if not MEASURE:
                 tl.store(u_ptr + out_off, U, mask=mv)
             if not HISTORY:
-                qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
+                if not TOKEN_PREFETCH:
+                    qt = tl.load(q_ptr + bth * K + offs_k, mask=mk, other=0.0)
                 qa = tl.abs(qt)
                 ka = tl.abs(kt)
                 y = tl.sum(S * qt[None, :], axis=1)
@@ -288,16 +324,18 @@ def _kernel(interpret: bool):
                 M += Um[:, None] * ka[None, :]
                 ym = tl.sum(M * qa[None, :], axis=1)
                 if MEASURE:  # this draft's appended record and, with HAS_Y, its output
-                    slot = tl.load(slots_ptr + b * T + t)
-                    ug = tl.load(uc_ptr + row * su_r + hv * su_h + slot * su_s + offs_v * su_v, mask=mv,
-                                 other=0.0).to(tl.float64)
+                    if not TOKEN_PREFETCH:
+                        slot = tl.load(slots_ptr + b * T + t)
+                        ug = tl.load(uc_ptr + row * su_r + hv * su_h + slot * su_s + offs_v * su_v, mask=mv,
+                                     other=0.0).to(tl.float64)
                     du = ug - U
                     u_err += du * du
                     u_mag += Um * Um
                     u_bad += tl.where((ug - ug) != 0.0, 1.0, 0.0)
                     if HAS_Y:
-                        yg = tl.load(yo_ptr + b * sy_b + t * sy_t + hv * sy_h + offs_v * sy_v, mask=mv,
-                                     other=0.0).to(tl.float64)
+                        if not TOKEN_PREFETCH:
+                            yg = tl.load(yo_ptr + b * sy_b + t * sy_t + hv * sy_h + offs_v * sy_v, mask=mv,
+                                         other=0.0).to(tl.float64)
                         dy = yg - y
                         y_err += dy * dy
                         y_mag += ym * ym
@@ -427,18 +465,20 @@ def _run(pool, named, v, dims, *, unused, block_v, num_warps, k_cache=None, u_ca
 
 def launch(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache,
            hist_len, cache_base, flush_min: int, scale: float, validate: bool = True,
-           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS,
-           prefetch: bool = PREFETCH) -> ring_oracle.LaunchExpectation:
+           block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, prefetch: bool = PREFETCH,
+           token_prefetch: bool = TOKEN_PREFETCH) -> ring_oracle.LaunchExpectation:
     """oracles.ring.launch (same keywords, same LaunchExpectation), with the [V, K] state work in one
     Triton kernel.  block_v: value rows per program (a power of two); prefetch: the window's records loaded one
-    ahead of their sums (PREFETCH; the same bits).  Reads its inputs, writes nothing."""
+    ahead of their sums (PREFETCH; the same bits); token_prefetch: each token's inputs one ahead (TOKEN_PREFETCH).
+    Reads its inputs, writes nothing."""
     named, app, (B, T, H, K, HV, V) = _prepare(q, k, v, a, b, A_log, dt_bias, idx, k_cache, u_cache, g_cache,
                                                hist_len, cache_base, flush_min, scale, validate)
     f64 = dict(dtype=torch.float64, device=q.device)
     y, y_mag, U, U_mag = (torch.empty(B, T, HV, V, **f64) for _ in range(4))
     fold, fold_mag = (torch.empty(B, HV, V, K, **f64) for _ in range(2))
     _run(pool, named, v, (B, T, K, HV, V), unused=y, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), PREFETCH=prefetch)
+         u_cache=u_cache, stores=(y, y_mag, U, U_mag, fold, fold_mag), PREFETCH=prefetch,
+         TOKEN_PREFETCH=token_prefetch)
     return ring_oracle.LaunchExpectation(y=y, y_mag=y_mag, u_app=U, u_mag=U_mag, fold=fold, fold_mag=fold_mag, **app)
 
 
@@ -467,7 +507,8 @@ SUMMED = ("y", "u", "fold")  # the outputs of Measured.sums, in order
 
 def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cache, hist_len, cache_base,
             flush_min: int, scale: float, y_out, u_after, pool_after, validate: bool = True,
-            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, prefetch: bool = PREFETCH) -> Measured:
+            block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, prefetch: bool = PREFETCH,
+            token_prefetch: bool = TOKEN_PREFETCH) -> Measured:
     """launch()'s expectation of the inputs (the same keywords; num_warps: Triton's, per program), compared in
     the same kernel with what the launch left: y_out (the target's output [B, T, HV, V], or None: no y sums),
     u_after (u_cache after the launch: the records at ring.appends' slots) and pool_after (the pool after the
@@ -482,12 +523,13 @@ def measure(*, q, k, v, a, b, A_log, dt_bias, pool, idx, k_cache, u_cache, g_cac
     observed = (y_out if has_y else sums, y_out.stride() if has_y else (0,) * 4, u_after, u_after.stride(),
                 app["slots"].contiguous(), pool_after, pool_after.stride(), sums, nvb)
     _run(pool, named, v, (B, T, K, HV, V), unused=sums, block_v=block_v, num_warps=num_warps, k_cache=k_cache,
-         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, PREFETCH=prefetch)
+         u_cache=u_cache, observed=observed, MEASURE=True, HAS_Y=has_y, PREFETCH=prefetch,
+         TOKEN_PREFETCH=token_prefetch)
     return Measured(sums=sums.sum(2), **app)
 
 
 def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
-            num_warps: int = HISTORY_NUM_WARPS) -> torch.Tensor:
+            num_warps: int = HISTORY_NUM_WARPS, token_prefetch: bool = TOKEN_PREFETCH) -> torch.Tensor:
     """U [n, T, HV, V] float64 of oracles.gdn.sequential(pool[rows].double(), k_hat, k_hat, v, g, beta)
     (its second output), from the launch kernel with no window and no magnitudes: how
     case.materialize fills consistent windows on a CUDA device.  pool [NP, HV, V, K] in its stored
@@ -504,7 +546,7 @@ def history(pool, rows, g, beta, k_hat, v, *, block_v: int = HISTORY_BLOCK_V,
     u = U  # pointers the HISTORY variant never reads or writes
     named = dict(rows=rows.long().contiguous(), eg=f64(torch.exp(g)), beta=f64(beta), k=f64(k_hat))
     _run(pool, named, v, (n, T, K, HV, V), unused=u, block_v=block_v, num_warps=num_warps,
-         stores=(u, u, U, u, u, u), HISTORY=True)
+         stores=(u, u, U, u, u, u), HISTORY=True, TOKEN_PREFETCH=token_prefetch)
     return U
 
 

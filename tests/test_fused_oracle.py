@@ -52,6 +52,7 @@ from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.arms import ARM_NAMES
 from gdn_fuzz.case import Case, Regime, Row, materialize
 from gdn_fuzz.observation import observe
+from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.oracles import ring
 from gdn_fuzz.strategies import case_events, cases
 from gdn_fuzz.targets import get_target
@@ -154,10 +155,11 @@ def small_cases(draw, poison=None):
     return dataclasses.replace(case, rows=rows)
 
 
-def _compare_case(case: Case, block_v: int, prefetch: bool = False) -> dict:
+def _compare_case(case: Case, block_v: int, prefetch: bool = False, token_prefetch: bool = False) -> dict:
     """(in the interpreter process) both oracles on the materialized case, every field compared."""
     kw = kwargs(case, materialize(case))
-    return compare(fused_oracle.launch(**kw, block_v=block_v, prefetch=prefetch), ring.launch(**kw))
+    return compare(fused_oracle.launch(**kw, block_v=block_v, prefetch=prefetch, token_prefetch=token_prefetch),
+                   ring.launch(**kw))
 
 
 def _events(case: Case):
@@ -167,12 +169,13 @@ def _events(case: Case):
 
 
 @hsettings(10)
-@given(case=small_cases(), block_v=st.sampled_from((128, 32)), prefetch=st.booleans())
-def test_fused_matches_spec(interpreter, case, block_v, prefetch):
+@given(case=small_cases(), block_v=st.sampled_from((128, 32)), prefetch=st.booleans(), token_prefetch=st.booleans())
+def test_fused_matches_spec(interpreter, case, block_v, prefetch, token_prefetch):
     """Every field of fused_oracle.launch equals oracles.ring.launch to float64 rounding (see module doc), with the
-    window's records loaded as they are added and one ahead (fused_oracle.PREFETCH)."""
+    window's records and the tokens' inputs loaded as they are used and one ahead (fused_oracle.PREFETCH,
+    TOKEN_PREFETCH)."""
     _events(case)
-    run_in_interpreter(interpreter, _compare_case, case, block_v, prefetch)
+    run_in_interpreter(interpreter, _compare_case, case, block_v, prefetch, token_prefetch)
 
 
 @hsettings(6)
@@ -201,7 +204,8 @@ def test_fused_matches_spec_gpu_tiling(interpreter):
     run_in_interpreter(interpreter, _gpu_tiling)
 
 
-def _history_both(n: int, HV: int, K: int, V: int, state: str, io: str, seed: int, block_v: int) -> float:
+def _history_both(n: int, HV: int, K: int, V: int, state: str, io: str, seed: int, block_v: int,
+                  token_prefetch: bool = False) -> float:
     """(in the interpreter process) fused_oracle.history against oracles.gdn.sequential's U on random
     inputs of case.materialize's shapes (T = 16 history tokens); the worst |fused - spec| / (1e-12 U_mag)."""
     from gdn_fuzz.oracles import gdn
@@ -214,7 +218,7 @@ def _history_both(n: int, HV: int, K: int, V: int, state: str, io: str, seed: in
     v = torch.randn(n, T, HV, V, generator=gen).to(getattr(torch, io))
     g, beta = gdn.gates(torch.randn(n, T, HV, generator=gen), torch.randn(HV, generator=gen),
                         torch.randn(HV, generator=gen) - 1.0, torch.randn(n, T, HV, generator=gen))
-    got = fused_oracle.history(pool, rows, g, beta, k_hat, v, block_v=block_v)
+    got = fused_oracle.history(pool, rows, g, beta, k_hat, v, block_v=block_v, token_prefetch=token_prefetch)
     S0 = pool[rows].double()
     _, want, _ = gdn.sequential(S0, k_hat, k_hat, v, g, beta, keep_states=False)
     _, mag, _ = gdn.sequential_magnitude(S0.abs(), k_hat, k_hat, v, g, beta, keep_states=False)
@@ -224,12 +228,12 @@ def _history_both(n: int, HV: int, K: int, V: int, state: str, io: str, seed: in
 @hsettings(6)
 @given(n=st.integers(1, 3), HV=st.sampled_from((1, 2, 4)), K=st.sampled_from((8, 16)), V=st.sampled_from((8, 32)),
        state=st.sampled_from(("float32", "bfloat16", "float16")), io=st.sampled_from(("bfloat16", "float16")),
-       seed=st.integers(0, 2**31 - 1), block_v=st.sampled_from((16, 32)))
-def test_fused_history_matches_sequential(interpreter, n, HV, K, V, state, io, seed, block_v):
+       seed=st.integers(0, 2**31 - 1), block_v=st.sampled_from((16, 32)), token_prefetch=st.booleans())
+def test_fused_history_matches_sequential(interpreter, n, HV, K, V, state, io, seed, block_v, token_prefetch):
     """fused_oracle.history (how case.materialize fills consistent windows on a CUDA device) gives
     oracles.gdn.sequential's U over 16 history tokens, from pool rows in every state dtype, to the same
     1e-12 x magnitude bound as the launch fields (16 rank-1 updates and a K-term dot product: fewer terms)."""
-    run_in_interpreter(interpreter, _history_both, n, HV, K, V, state, io, seed, block_v)
+    run_in_interpreter(interpreter, _history_both, n, HV, K, V, state, io, seed, block_v, token_prefetch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: case.materialize uses the fused "
@@ -530,13 +534,14 @@ def _zero_bf16_subnormals(t) -> None:
         t.masked_fill_((t != 0) & (t.abs() < BF16_TINY), 0.0)
 
 
-def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu", prefetch: bool = False):
+def _measure_both(case: Case, perturb: str, block_v: int, device: str = "cpu", prefetch: bool = False,
+                  token_prefetch: bool = False):
     obs = _observed(case, perturb, device)
     kw = kwargs(case, obs.before)
     want = checks.summed_errors(obs, ring.launch(**kw))
     got = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
                                pool_after=obs.after["initial_state_source"], block_v=block_v,
-                               prefetch=prefetch).sums
+                               prefetch=prefetch, token_prefetch=token_prefetch).sums
     assert got.shape == want.shape == (case.B, case.HV, 3, 3), (got.shape, want.shape)
     assert torch.equal(got[..., 2], want[..., 2]), f"non-finite counts differ: {got[..., 2]} vs {want[..., 2]}"
     err_f, err_s, den_f, den_s = got[..., 0].sqrt(), want[..., 0].sqrt(), got[..., 1].sqrt(), want[..., 1].sqrt()
@@ -558,15 +563,15 @@ SUBNORMAL_POOL = Case(arm="bf16", T=4, H=2, HV=2, pool=1, rows=(Row(0, 1, 0),), 
 
 @hsettings(8)
 @given(case=small_cases(), perturb=st.sampled_from(PERTURB), block_v=st.sampled_from((128, 32)),
-       prefetch=st.booleans())
-@example(case=SUBNORMAL_POOL, perturb="none", block_v=32, prefetch=False)
-def test_measure_matches_summed_errors(interpreter, case, perturb, block_v, prefetch):
+       prefetch=st.booleans(), token_prefetch=st.booleans())
+@example(case=SUBNORMAL_POOL, perturb="none", block_v=32, prefetch=False, token_prefetch=False)
+def test_measure_matches_summed_errors(interpreter, case, perturb, block_v, prefetch, token_prefetch):
     """fused_oracle.measure's sums equal checks.summed_errors of the spec's expectation (bound above), for the
     reference target's launch and for one planted error in what it left (NaN, inf, noise, no output); the
     window's records loaded as they are added and one ahead."""
     _events(case)
     event(f"perturb {perturb}")
-    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v, "cpu", prefetch)
+    run_in_interpreter(interpreter, _measure_both, case, perturb, block_v, "cpu", prefetch, token_prefetch)
 
 
 def test_measure_counts_planted_non_finite(interpreter):
@@ -606,24 +611,35 @@ def test_fused_on_cuda_matches_spec(decay):
                     "kernel's (Triton's interpreter runs both variants as Python in program order, so there the bit "
                     "comparison would show nothing)")
 def test_prefetching_kernel_gives_the_loops_bits():
-    """fused_oracle.PREFETCH (the window's records loaded one ahead) changes no operation and no order: launch()'s
-    every field and measure()'s sums, bit for bit, with and without it (T = 8, a full window, windows of 5 and 0
-    records, a pad row on a poisoned row 0, a NaN planted in an appended record).  (Unrolling the loops, tried in
-    run 93, changed the sums' bits: the compiled code is not bound to keep them.)"""
+    """fused_oracle.PREFETCH (the window's records loaded one ahead) and TOKEN_PREFETCH (each token's inputs one
+    ahead) change no operation and no order: launch()'s every field, measure()'s sums and history()'s U, bit for
+    bit, against the plain loops (T = 8, a full window, windows of 5 and 0 records, a pad row on a poisoned row 0, a
+    NaN planted in an appended record).  (Unrolling the loops, tried in run 93, changed the sums' bits: the
+    compiled code is not bound to keep them.)"""
     case = Case(arm="bf16", T=8, H=2, HV=8, pool=5, flush_min=9, seed=11, draws="cuda", regime=Regime(poison=True),
                 rows=(Row(4, 16, 20), Row(-1, 3, 7), Row(1, 5, 29), Row(2, 0, 0)))
     obs = _observed(case, "nan_u", "cuda")
     kw = kwargs(case, obs.before)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    k_hat = gdn_oracle.l2norm(torch.randn(3, 16, 8, 128, device="cuda", generator=gen)).double()
+    v = torch.randn(3, 16, 8, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
+    beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
     runs = {}
-    for prefetch in (False, True):
-        e = fused_oracle.launch(**kw, prefetch=prefetch)
+    for prefetch, tokens in ((False, False), (True, False), (True, True)):
+        e = fused_oracle.launch(**kw, prefetch=prefetch, token_prefetch=tokens)
         sums = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                                    pool_after=obs.after["initial_state_source"], prefetch=prefetch).sums
-        runs[prefetch] = dict(sums=sums, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag", "fold",
-                                                                      "fold_mag")})
-    assert float(runs[False]["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
-    for name, want in runs[False].items():  # the bits, NaNs' included
-        assert torch.equal(runs[True][name].view(torch.int64), want.view(torch.int64)), name
+                                    pool_after=obs.after["initial_state_source"], prefetch=prefetch,
+                                    token_prefetch=tokens).sums
+        U = fused_oracle.history(obs.before["initial_state_source"], torch.tensor([4, 0, 2], device="cuda"), g,
+                                 beta, k_hat, v, token_prefetch=tokens)
+        runs[prefetch, tokens] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag",
+                                                                                    "fold", "fold_mag")})
+    loop = runs.pop((False, False))
+    assert float(loop["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
+    for variant, got in runs.items():
+        for name, want in loop.items():  # the bits, NaNs' included
+            assert torch.equal(got[name].view(torch.int64), want.view(torch.int64)), (variant, name)
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",
