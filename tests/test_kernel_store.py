@@ -235,9 +235,13 @@ RACER = textwrap.dedent("""
     from tests.test_kernel_store import FakeCompiled, FakeModule
 
     rt.load_module = lambda path, **kw: FakeModule(path)
-    folder, ident, go = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    folder, ident, me = sys.argv[1], sys.argv[2], sys.argv[4]
     store = ks.KernelStore(Path(folder), ident)
-    while time.time() < go:  # both processes miss at the same moment
+    # both processes miss at the same moment: each says it is ready (its imports done), then waits for the other's
+    # word; a start time fixed in advance let a process slowed by a loaded machine's imports arrive late
+    barrier = Path(sys.argv[3])
+    (barrier / f"ready-{me}").touch()
+    while len(list(barrier.glob("ready-*"))) < 2:
         time.sleep(0.001)
     key = ("ucache-flush-v2", 4, 64)
     if key not in store:  # the wrapper's own pattern
@@ -251,12 +255,11 @@ RACER = textwrap.dedent("""
 def test_processes_that_miss_one_kernel_at_once_compile_it_once(tmp_path):
     """Issue 32: two processes miss the same kernel on an empty store at the same moment; one compiles it (holding
     the kernel's lock), the other waits for that lock and reads what the first stored: one compile, not two."""
-    import time
-
     ident = ks.identity(kernel_file(tmp_path), "bf16")
-    go = time.time() + 2.0
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
     root = str(Path(__file__).resolve().parents[1])
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "store"), ident, str(go), str(i), root],
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "store"), ident, str(barrier), str(i), root],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outs = []
     for p in procs:
@@ -265,7 +268,8 @@ def test_processes_that_miss_one_kernel_at_once_compile_it_once(tmp_path):
         outs.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted((o["compiled"], o["loaded"]) for o in outs) == [(0, 1), (1, 0)], outs
     waiter = next(o for o in outs if o["loaded"])
-    assert waiter["waited"] > 0.5  # it waited for the other's 1 s compile (0.5 s of slack: the two start ~ms apart)
+    assert waiter["waited"] > 0.5  # it waited for the other's 1 s compile (0.5 s of slack: the two leave the barrier
+    # within a few ms of each other)
     assert outs[0]["payload"] == outs[1]["payload"]  # the same kernel in both
     assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".tmp-")]
 
