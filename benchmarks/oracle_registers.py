@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 import time
 
+from gdn_fuzz import fused_oracle
+
 KINDS = {  # kernel flags of the three callers
     "measure": dict(HISTORY=False, MEASURE=True, HAS_Y=True),
     "launch": dict(HISTORY=False, MEASURE=False, HAS_Y=False),
@@ -33,17 +35,15 @@ POINTERS = {"fp64": ("egp_ptr", "w_ptr", "eg_ptr", "beta_ptr", "q_ptr", "k_ptr",
             "bf16": ("v_ptr",)}
 
 
-def compile_one(arch: int, kind: str, T: int, block_v: int, num_warps: int, prefetch: bool,
-                token_prefetch: bool = False) -> dict:
+def compile_one(arch: int, kind: str, T: int, block_v: int, num_warps: int, variant: str) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gdn_fuzz import fused_oracle
-
     jit = fused_oracle._kernel(False)
-    consts = dict(T=T, W=fused_oracle.W, BLOCK_V=block_v, BLOCK_K=128, PREFETCH=prefetch, TOKEN_PREFETCH=token_prefetch,
-                  **KINDS[kind])
+    flags = fused_oracle.VARIANTS[variant]
+    consts = dict(T=T, W=fused_oracle.W, BLOCK_V=block_v, BLOCK_K=128, PREFETCH=flags["prefetch"],
+                  TOKEN_PREFETCH=flags["token_prefetch"], **KINDS[kind])
     ptr = {name: f"*{dt}" for dt, names in POINTERS.items() for name in names}
     sig = {n: "constexpr" if n in consts else ptr.get(n, "i32") for n in jit.arg_names}
     t0 = time.perf_counter()
@@ -56,7 +56,7 @@ def compile_one(arch: int, kind: str, T: int, block_v: int, num_warps: int, pref
         fh.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", fh.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
-    return dict(kind=kind, T=T, block_v=block_v, num_warps=num_warps, prefetch=prefetch, token_prefetch=token_prefetch,
+    return dict(kind=kind, T=T, block_v=block_v, num_warps=num_warps, variant=variant,
                 registers=int(m.group(1)) if m else None, stack_bytes=int(m.group(2)) if m else None,
                 compile_s=round(seconds, 2), triton=triton.__version__, arch=arch)
 
@@ -68,7 +68,7 @@ def main(argv=None):
     ap.add_argument("--T", nargs="+", type=int, default=[4], help="tokens (history: always 16)")
     ap.add_argument("--block-v", nargs="+", type=int, default=[2, 4, 8, 16])
     ap.add_argument("--warps", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--variants", nargs="+", choices=("loop", "prefetch", "tokens"), default=["loop", "prefetch"])
+    ap.add_argument("--variants", nargs="+", choices=tuple(fused_oracle.VARIANTS), default=["loop", "prefetch"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     # a fresh cache, so that every compile is timed (Triton reuses a kernel it compiled before from its cache)
@@ -77,8 +77,7 @@ def main(argv=None):
     for kind, T, bv, w, variant in itertools.product(args.kinds, args.T, args.block_v, args.warps, args.variants):
         if kind == "history" and (variant == "prefetch" or T != args.T[0]):
             continue  # history has no window (prefetch is its loop; tokens is not) and always 16 tokens
-        row = compile_one(args.arch, kind, 16 if kind == "history" else T, bv, w, variant != "loop",
-                          variant == "tokens")
+        row = compile_one(args.arch, kind, 16 if kind == "history" else T, bv, w, variant)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:

@@ -33,13 +33,11 @@ import torch
 
 from gdn_fuzz import checks, fused_oracle
 from gdn_fuzz.case import Case, Row, materialize
-from gdn_fuzz.observation import observe
+from gdn_fuzz.observation import bits, observe
 from gdn_fuzz.oracles import gdn as gdn_oracle
 from gdn_fuzz.targets import get_target
 
 RTOL = 1e-12  # tests/test_fused_oracle.py's bound for two float64 summation orders
-VARIANTS = dict(loop=dict(prefetch=False, token_prefetch=False), prefetch=dict(prefetch=True, token_prefetch=False),
-                tokens=dict(prefetch=True, token_prefetch=True))
 
 
 def _case(B, H, HV, T, seed):
@@ -80,7 +78,7 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--block-v", nargs="+", type=int, default=[8, 16, 32])
     ap.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
-    ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["loop"])
+    ap.add_argument("--variants", nargs="+", choices=tuple(fused_oracle.VARIANTS), default=["loop"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -107,7 +105,7 @@ def main(argv=None):
             for w in args.warps:
                 loop = None  # (sums, U) of this tiling's first variant
                 for variant in args.variants:
-                    flags = VARIANTS[variant]
+                    flags = fused_oracle.VARIANTS[variant]
 
                     def meas(bv=bv, w=w, flags=flags):
                         return fused_oracle.measure(**kw, y_out=obs.output, u_after=a["u_cache"],
@@ -125,8 +123,8 @@ def main(argv=None):
                         ref = sums
                     if loop is None:
                         loop = (sums, U)
-                    same_bits = _same_bits(sums, loop[0]) and _same_bits(U, loop[1])
-                    hist_same = _same_bits(U, hist_ref.setdefault(w, U))
+                    same_bits = torch.equal(bits(sums), bits(loop[0])) and torch.equal(bits(U), bits(loop[1]))
+                    hist_same = torch.equal(bits(U), bits(hist_ref.setdefault(w, U)))
                     err = ((sums[..., :2].sqrt() - ref[..., :2].sqrt()).abs()
                            / ref[..., 1:2].sqrt().clamp_min(1e-300))
                     agree = float(err.max())
@@ -142,11 +140,6 @@ def main(argv=None):
     for k in kernels:
         print("compiled:", k, flush=True)
     _dump(args, rows, kernels)
-
-
-def _same_bits(a, b) -> bool:
-    """a and b hold the same float64 bits (NaNs included)."""
-    return bool(torch.equal(a.view(torch.int64), b.view(torch.int64)))
 
 
 def _dump(args, rows, kernels=None):

@@ -67,6 +67,10 @@ PREFETCH = True
 # each token's inputs loaded one token ahead of its sums (launch, measure and history): the same operations in the same
 # order; off until timed on a GPU (benchmarks/oracle_tiling.py --variants prefetch tokens, and its bits there)
 TOKEN_PREFETCH = False
+# the kernel's load orders by name, as launch / measure keywords (benchmarks/oracle_tiling.py and oracle_registers.py
+# time and compile them; history takes token_prefetch only)
+VARIANTS = dict(loop=dict(prefetch=False, token_prefetch=False), prefetch=dict(prefetch=True, token_prefetch=False),
+                tokens=dict(prefetch=True, token_prefetch=True))
 
 
 @functools.lru_cache(maxsize=None)

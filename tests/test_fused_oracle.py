@@ -606,9 +606,8 @@ def test_fused_on_cuda_matches_spec(decay):
     compare(fused_oracle.launch(**kw), ring.launch(**kw))
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the load order is the compiled "
-                    "kernel's (Triton's interpreter runs both variants as Python in program order, so there the bit "
+                    "kernel's (Triton's interpreter runs every variant as Python in program order, so there the bit "
                     "comparison would show nothing)")
 def test_prefetching_kernel_gives_the_loops_bits():
     """fused_oracle.PREFETCH (the window's records loaded one ahead) and TOKEN_PREFETCH (each token's inputs one
@@ -626,20 +625,19 @@ def test_prefetching_kernel_gives_the_loops_bits():
     g = -torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
     beta = torch.rand(3, 16, 8, device="cuda", generator=gen, dtype=torch.float64)
     runs = {}
-    for prefetch, tokens in ((False, False), (True, False), (True, True)):
-        e = fused_oracle.launch(**kw, prefetch=prefetch, token_prefetch=tokens)
+    for variant, flags in fused_oracle.VARIANTS.items():
+        e = fused_oracle.launch(**kw, **flags)
         sums = fused_oracle.measure(**kw, y_out=obs.output, u_after=obs.after["u_cache"],
-                                    pool_after=obs.after["initial_state_source"], prefetch=prefetch,
-                                    token_prefetch=tokens).sums
+                                    pool_after=obs.after["initial_state_source"], **flags).sums
         U = fused_oracle.history(obs.before["initial_state_source"], torch.tensor([4, 0, 2], device="cuda"), g,
-                                 beta, k_hat, v, token_prefetch=tokens)
-        runs[prefetch, tokens] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag",
-                                                                                    "fold", "fold_mag")})
-    loop = runs.pop((False, False))
-    assert float(loop["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
+                                 beta, k_hat, v, token_prefetch=flags["token_prefetch"])
+        runs[variant] = dict(sums=sums, U=U, **{f: getattr(e, f) for f in ("y", "y_mag", "u_app", "u_mag", "fold",
+                                                                           "fold_mag")})
+    loop = runs.pop("loop")
+    assert runs and float(loop["sums"][0, 0, 1, 2]) == 1.0  # the planted NaN (row 0, v-head 0, u) is counted
     for variant, got in runs.items():
         for name, want in loop.items():  # the bits, NaNs' included
-            assert torch.equal(got[name].view(torch.int64), want.view(torch.int64)), (variant, name)
+            assert same_bits(got[name], want), (variant, name)
 
 
 VERDICT_MUTANTS = ("reference", "mutant:fold_skipped", "mutant:anchor_off_by_one", "mutant:no_local_g_restart",
