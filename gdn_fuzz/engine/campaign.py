@@ -189,9 +189,10 @@ def confirmations_default(device: str, torch_threads: int | None) -> int:
 # 4 full collections took 41-71 ms in all, the longest 19-29 ms, and the campaign took 3.01 ms per example against
 # 3.05-3.09 (two runs each).  In run 90 (H100) the largest gaps between two records were 0.22-0.35 s, twice in each
 # 30 s run; with the freeze, in run 91 (H100, the same configuration), 23-31 ms in each of three runs
-# (docs/benchmarks.md, "Issue 32", seventeenth and eighteenth parts).  It collects once first (~80 ms on the CPU machine with torch and gdn_fuzz imported): what is
-# frozen is never collected until the run ends, so a cycle left by the warm-up (a traceback's frames, a tensor among
-# their locals) would otherwise keep its memory, on the device too, for the whole run.
+# (docs/benchmarks.md, "Issue 32", seventeenth and eighteenth parts).  It collects once first (~80 ms on the CPU
+# machine with torch and gdn_fuzz imported): what is frozen is never collected until the run ends, so a cycle left by
+# the warm-up (a traceback's frames, a tensor among their locals) would otherwise keep its memory, on the device too,
+# for the whole run.
 
 MAX_PIPELINE = 8  # Campaign.pipeline's largest value
 # The interpreter's thread switch interval while rounds run at once (sys.setswitchinterval; Python's default is 5 ms):
@@ -1092,7 +1093,7 @@ class Campaign:
         switch = sys.getswitchinterval()
         if self.pipeline > 1:  # put back in `finally`
             sys.setswitchinterval(min(switch, PIPELINE_SWITCH_S))
-        gc.collect()  # the garbage made so far (the warm-up's cycles, tensors among them) freed, not frozen with the rest
+        gc.collect()  # the garbage made so far (the warm-up's cycles, tensors among them) freed, not frozen with it
         gc.freeze()  # undone in `finally` (FREEZE_GC)
 
         def next_round():
